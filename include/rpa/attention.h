@@ -1,0 +1,60 @@
+// Entry points of ragged paged attention (SPEC §1, §2).
+//
+// Every entry point validates its inputs first (rpa/validate.h) and throws
+// rpa::Error before writing anything; on success `out` holds the attention
+// of every token row and zeros in padding rows. Inputs are never written.
+#ifndef RPA_ATTENTION_H_
+#define RPA_ATTENTION_H_
+
+#include <string_view>
+
+#include "rpa/options.h"
+#include "rpa/tensor.h"
+
+namespace rpa {
+
+// How separate K and V caches lay out their pages (SPEC §2).
+enum class KVLayout {
+  kNHD,  // [num_pages, page_size, num_kv_heads, head_dim] (vLLM, FlashInfer).
+  kHND,  // [num_pages, num_kv_heads, page_size, head_dim] (FlashInfer).
+};
+
+constexpr std::string_view ToString(KVLayout layout) {
+  return layout == KVLayout::kNHD ? "NHD" : "HND";
+}
+
+// JAX's combined layout.
+//   q            [max_num_batched_tokens, num_q_heads, head_dim]  f32/bf16/f16
+//   kv_pages     [total_num_pages, page_size, 2 * num_kv_heads, head_dim];
+//                combined head 2h is K of kv head h, 2h + 1 its V
+//   kv_lens      i32[max_num_seqs]
+//   page_indices i32[max_num_seqs, pages_per_seq]
+//   cu_q_lens    i32[max_num_seqs + 1]
+//   num_seqs     i32[1]
+//   out          like q
+void RaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
+                          const TensorView& kv_lens, const TensorView& page_indices,
+                          const TensorView& cu_q_lens, const TensorView& num_seqs,
+                          const AttentionOptions& options, const MutableTensorView& out);
+
+// The same over separate K and V caches of equal shape in `layout`.
+void RaggedPagedAttention(const TensorView& q, const TensorView& k_pages,
+                          const TensorView& v_pages, KVLayout layout,
+                          const TensorView& kv_lens, const TensorView& page_indices,
+                          const TensorView& cu_q_lens, const TensorView& num_seqs,
+                          const AttentionOptions& options, const MutableTensorView& out);
+
+// JAX's decode-only paged_attention: one query token per sequence.
+//   q             [batch, num_q_heads, head_dim] (pre-scaled: no sm_scale)
+//   k_pages       [num_kv_heads, total_num_pages, page_size, head_dim]
+//   v_pages       like k_pages
+//   lengths       i32[batch]
+//   page_indices  i32[batch, pages_per_sequence]
+//   out           like q
+void PagedAttention(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
+                    const TensorView& lengths, const TensorView& page_indices,
+                    const PagedAttentionOptions& options, const MutableTensorView& out);
+
+}  // namespace rpa
+
+#endif  // RPA_ATTENTION_H_

@@ -1,0 +1,50 @@
+// Options of ragged paged attention (SPEC §1). An empty optional means
+// "not given", exactly like JAX's None.
+#ifndef RPA_OPTIONS_H_
+#define RPA_OPTIONS_H_
+
+#include <cfloat>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace rpa {
+
+// JAX's DEFAULT_MASK_VALUE: -0.7 * float32 max, computed in double as Python
+// does and used as f32.
+inline constexpr double kDefaultMaskValue = -0.7 * static_cast<double>(FLT_MAX);
+
+// Scalars are double and integers int64 so that what a Python caller passed
+// is what an error message prints.
+struct AttentionOptions {
+  double sm_scale = 1.0;
+  std::optional<int64_t> sliding_window;  // Keep keys (p - w, p].
+  std::optional<double> soft_cap;         // logit = c * tanh(logit / c).
+  std::optional<double> mask_value;       // Added to masked logits.
+  std::optional<double> k_scale;          // Stored K is multiplied by it.
+  std::optional<double> v_scale;          // Stored V is multiplied by it.
+  // Tile sizes; none = chosen by the library (SPEC §4).
+  std::optional<int64_t> num_kv_pages_per_block;
+  std::optional<int64_t> num_queries_per_block;
+  // On CPU: the budget in bytes for one worker's scratch tiles.
+  std::optional<int64_t> vmem_limit_bytes;
+  // Worker threads; none = RPA_NUM_THREADS, else every core.
+  std::optional<int> num_threads;
+};
+
+// Options of JAX's decode-only paged_attention. q arrives pre-scaled, as in
+// JAX: there is no sm_scale.
+struct PagedAttentionOptions {
+  double mask_value = kDefaultMaskValue;
+  std::optional<double> attn_logits_soft_cap;
+  int64_t pages_per_compute_block = 1;
+  // "kv_head", "batch" or none, validated with JAX's rules (a string, so the
+  // library, not each binding, owns the message for a bad value).
+  std::optional<std::string> megacore_mode;
+  bool inline_seq_dim = true;  // Accepted for JAX compatibility; no effect on CPU.
+  std::optional<int> num_threads;
+};
+
+}  // namespace rpa
+
+#endif  // RPA_OPTIONS_H_

@@ -1,0 +1,13 @@
+// Everything of rpa's public API in one include.
+#ifndef RPA_RPA_H_
+#define RPA_RPA_H_
+
+#include "rpa/attention.h"
+#include "rpa/dtype.h"
+#include "rpa/error.h"
+#include "rpa/options.h"
+#include "rpa/reference.h"
+#include "rpa/tensor.h"
+#include "rpa/validate.h"
+
+#endif  // RPA_RPA_H_

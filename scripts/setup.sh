@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs, with apt-get, the Debian 12 packages rpa needs that are missing.
+# Does nothing (and needs no network) when everything is there.
+set -euo pipefail
+
+packages=(
+  cmake make g++ pkg-config
+  libhwy-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev
+  python3 python3-dev pybind11-dev python3-numpy python3-pytest
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "setup: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,85 @@
+// The validated, layout-free description of one attention call that
+// validation produces and every implementation (reference, kernels)
+// consumes. All three KV layouts and JAX's paged_attention become this
+// through strides; nothing downstream knows which layout it came from.
+#ifndef RPA_SRC_PROBLEM_H_
+#define RPA_SRC_PROBLEM_H_
+
+#include <cstdint>
+
+#include "rpa/dtype.h"
+
+namespace rpa::internal {
+
+// K or V pages seen as [num_pages, page_size, num_kv_heads, head_dim];
+// strides in elements, head_dim contiguous.
+struct PagesView {
+  const void* data = nullptr;
+  int64_t page_stride = 0;
+  int64_t slot_stride = 0;
+  int64_t head_stride = 0;
+
+  // Offset in elements of element 0 of (page, slot, head).
+  int64_t Offset(int64_t page, int64_t slot, int64_t head) const {
+    return page * page_stride + slot * slot_stride + head * head_stride;
+  }
+};
+
+struct AttentionProblem {
+  // Extents.
+  int64_t num_tokens = 0;  // max_num_batched_tokens: q's rows.
+  int64_t num_q_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t num_pages = 0;  // total_num_pages.
+  int64_t page_size = 0;
+  int64_t max_num_seqs = 0;
+  int64_t pages_per_seq = 0;
+
+  // q [num_tokens, num_q_heads, head_dim] and out (same shape and dtype).
+  DType q_dtype = DType::kF32;
+  const void* q = nullptr;
+  int64_t q_token_stride = 0;
+  int64_t q_head_stride = 0;
+  void* out = nullptr;
+  int64_t out_token_stride = 0;
+  int64_t out_head_stride = 0;
+
+  DType kv_dtype = DType::kF32;
+  PagesView k;
+  PagesView v;
+
+  // Metadata; validated: 0 <= num_seqs <= max_num_seqs, kv_lens >= 0,
+  // cu_q_lens non-decreasing from >= 0 up to <= num_tokens, q_len <= kv_len,
+  // and every page index of the first ceil(kv_len / page_size) columns of
+  // each live sequence in [0, num_pages).
+  const int32_t* kv_lens = nullptr;       // [max_num_seqs]
+  const int32_t* page_indices = nullptr;  // [max_num_seqs, pages_per_seq]
+  int64_t page_indices_row_stride = 0;
+  const int32_t* cu_q_lens = nullptr;     // [max_num_seqs + 1]
+  int32_t num_seqs = 0;
+
+  // Options, resolved to plain values.
+  float sm_scale = 1.0f;
+  float mask_value = 0.0f;
+  float soft_cap = 0.0f;        // 0: no soft cap.
+  int64_t sliding_window = 0;   // 0: no window.
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+  int64_t num_kv_pages_per_block = 0;  // 0: chosen by the library.
+  int64_t num_queries_per_block = 0;   // 0: chosen by the library.
+  int64_t vmem_limit_bytes = 0;        // 0: no limit given.
+  int num_threads = 0;                 // 0: RPA_NUM_THREADS, else every core.
+
+  int64_t QueriesPerKvHead() const { return num_q_heads / num_kv_heads; }
+  int32_t PageIndex(int64_t seq, int64_t column) const {
+    return page_indices[seq * page_indices_row_stride + column];
+  }
+  // Whether fully masked key blocks may be skipped (SPEC §1): their weight is
+  // then exactly 0 in f32.
+  bool MaskedKeysVanish() const { return mask_value <= -1e4f; }
+};
+
+}  // namespace rpa::internal
+
+#endif  // RPA_SRC_PROBLEM_H_

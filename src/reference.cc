@@ -1,0 +1,117 @@
+#include "rpa/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "reference_impl.h"
+#include "validate_internal.h"
+
+namespace rpa::internal {
+namespace {
+
+void ZeroRow(const AttentionProblem& p, int64_t token) {
+  for (int64_t h = 0; h < p.num_q_heads; ++h) {
+    const int64_t base = token * p.out_token_stride + h * p.out_head_stride;
+    for (int64_t d = 0; d < p.head_dim; ++d) StoreFromF32(p.q_dtype, p.out, base + d, 0.0f);
+  }
+}
+
+// Sequence seq's K or V of one kv head as scaled f32: [kv_len, head_dim].
+void GatherHead(const AttentionProblem& p, const PagesView& pages, float scale, int64_t seq,
+                int64_t kv_len, int64_t kv_head, std::vector<float>& rows) {
+  rows.resize(static_cast<size_t>(kv_len * p.head_dim));
+  for (int64_t t = 0; t < kv_len; ++t) {
+    const int64_t page = p.PageIndex(seq, t / p.page_size);
+    const int64_t base = pages.Offset(page, t % p.page_size, kv_head);
+    for (int64_t d = 0; d < p.head_dim; ++d) {
+      rows[t * p.head_dim + d] = LoadAsF32(p.kv_dtype, pages.data, base + d) * scale;
+    }
+  }
+}
+
+}  // namespace
+
+void ReferenceAttention(const AttentionProblem& p) {
+  const int64_t rows_start = p.num_seqs > 0 ? p.cu_q_lens[0] : 0;
+  const int64_t rows_end = p.num_seqs > 0 ? p.cu_q_lens[p.num_seqs] : 0;
+  for (int64_t token = 0; token < p.num_tokens; ++token) {
+    if (token < rows_start || token >= rows_end) ZeroRow(p, token);
+  }
+
+  std::vector<double> logits;
+  std::vector<double> q_row(static_cast<size_t>(p.head_dim));
+  std::vector<double> acc(static_cast<size_t>(p.head_dim));
+  std::vector<float> keys;
+  std::vector<float> values;
+  for (int64_t seq = 0; seq < p.num_seqs; ++seq) {
+    const int64_t q_start = p.cu_q_lens[seq];
+    const int64_t q_len = p.cu_q_lens[seq + 1] - q_start;
+    const int64_t kv_len = p.kv_lens[seq];
+    logits.resize(static_cast<size_t>(kv_len));
+    for (int64_t kv_head = 0; kv_head < p.num_kv_heads; ++kv_head) {
+      GatherHead(p, p.k, p.k_scale, seq, kv_len, kv_head, keys);
+      GatherHead(p, p.v, p.v_scale, seq, kv_len, kv_head, values);
+      for (int64_t h = kv_head * p.QueriesPerKvHead(); h < (kv_head + 1) * p.QueriesPerKvHead();
+           ++h) {
+        for (int64_t j = 0; j < q_len; ++j) {
+          const int64_t token = q_start + j;
+          const int64_t position = kv_len - q_len + j;
+          const int64_t q_base = token * p.q_token_stride + h * p.q_head_stride;
+          for (int64_t d = 0; d < p.head_dim; ++d) q_row[d] = LoadAsF32(p.q_dtype, p.q, q_base + d);
+          double max_logit = -INFINITY;
+          for (int64_t t = 0; t < kv_len; ++t) {
+            double dot = 0.0;
+            for (int64_t d = 0; d < p.head_dim; ++d) dot += q_row[d] * keys[t * p.head_dim + d];
+            double logit = dot * p.sm_scale;
+            if (p.soft_cap != 0.0f) logit = p.soft_cap * std::tanh(logit / p.soft_cap);
+            const bool masked =
+                t > position || (p.sliding_window > 0 && t <= position - p.sliding_window);
+            if (masked) logit += p.mask_value;
+            logits[t] = logit;
+            max_logit = std::max(max_logit, logit);
+          }
+          std::fill(acc.begin(), acc.end(), 0.0);
+          double sum = 0.0;
+          for (int64_t t = 0; t < kv_len; ++t) {
+            const double weight = std::exp(logits[t] - max_logit);
+            sum += weight;
+            for (int64_t d = 0; d < p.head_dim; ++d) acc[d] += weight * values[t * p.head_dim + d];
+          }
+          // No key at all (kv_len 0): the row is 0, never 0/0.
+          const int64_t out_base = token * p.out_token_stride + h * p.out_head_stride;
+          for (int64_t d = 0; d < p.head_dim; ++d) {
+            const double value = sum > 0.0 ? acc[d] / sum : 0.0;
+            StoreFromF32(p.q_dtype, p.out, out_base + d, static_cast<float>(value));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace rpa::internal
+
+namespace rpa {
+
+void RefRaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
+                             const TensorView& kv_lens, const TensorView& page_indices,
+                             const TensorView& cu_q_lens, const TensorView& num_seqs,
+                             const AttentionOptions& options, const MutableTensorView& out) {
+  internal::ReferenceAttention(internal::ValidateRagged(
+      internal::CombinedInputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs), options,
+      out));
+}
+
+void RefRaggedPagedAttention(const TensorView& q, const TensorView& k_pages,
+                             const TensorView& v_pages, KVLayout layout,
+                             const TensorView& kv_lens, const TensorView& page_indices,
+                             const TensorView& cu_q_lens, const TensorView& num_seqs,
+                             const AttentionOptions& options, const MutableTensorView& out) {
+  internal::ReferenceAttention(internal::ValidateRagged(
+      internal::SplitInputs(q, k_pages, v_pages, layout, kv_lens, page_indices, cu_q_lens,
+                            num_seqs),
+      options, out));
+}
+
+}  // namespace rpa

@@ -1,0 +1,577 @@
+// Every check of SPEC §3, in JAX's order where JAX has the check. Each
+// message names the argument and its value in Python's `name=value`
+// spelling, then says how to fix it.
+#include "rpa/validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <string>
+
+#include "format.h"
+#include "validate_internal.h"
+
+namespace rpa::internal {
+namespace {
+
+constexpr std::string_view kQDtypes = "float32, bfloat16, float16";
+constexpr std::string_view kKvDtypes =
+    "float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8";
+
+bool IsQDtype(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+bool IsKvDtype(DType d) {
+  return IsQDtype(d) || d == DType::kF8E4M3FN || d == DType::kF8E5M2 || d == DType::kI8;
+}
+
+void CheckRank(const TensorView& t, std::string_view name, int rank, std::string_view dims) {
+  RPA_CHECK(t.rank == rank, ErrorKind::kShape,
+            StrCat(name, ".shape=", t.ShapeString(), " must have ", rank, " dimensions ", dims,
+                   "."),
+            StrCat("Pass ", name, " as a ", rank, "-dimensional array ", dims, "."));
+}
+
+void CheckPositiveExtent(int64_t extent, std::string_view name, std::string_view fix) {
+  RPA_CHECK(extent > 0, ErrorKind::kShape, StrCat(NameEq(name, extent), " must be positive."),
+            fix);
+}
+
+// Only the innermost dimension must be contiguous; an extent of 1 may carry
+// any stride (NumPy and PyTorch give such strides arbitrary values).
+void CheckInnermostContiguous(const TensorView& t, std::string_view name) {
+  if (t.rank == 0) return;
+  const int last = t.rank - 1;
+  if (t.shape[last] <= 1) return;
+  std::string strides = "(";
+  for (int d = 0; d < t.rank; ++d) strides += (d ? ", " : "") + std::to_string(t.strides[d]);
+  strides += t.rank == 1 ? ",)" : ")";
+  RPA_CHECK(t.strides[last] == 1, ErrorKind::kLayout,
+            StrCat(name, " must be contiguous in its last dimension; got ", name,
+                   ".strides=", strides, " (in elements)."),
+            StrCat("Pass a view of ", name,
+                   " whose last stride is 1 (other strides are free), or a contiguous copy."));
+}
+
+void CheckFinite(const std::optional<double>& value, std::string_view name) {
+  if (!value) return;
+  RPA_CHECK(std::isfinite(*value), ErrorKind::kOption,
+            StrCat(NameEq(name, *value), " must be finite."),
+            StrCat("Pass a finite float for ", name, ", or None to leave it out."));
+}
+
+void CheckDtype(const TensorView& t, std::string_view name, bool supported,
+                std::string_view allowed) {
+  RPA_CHECK(supported, ErrorKind::kDtype,
+            StrCat(name, ".dtype=", PyRepr(t.dtype), " is not supported; ", name,
+                   " must be one of ", allowed, "."),
+            StrCat("Cast ", name, " to one of these dtypes."));
+}
+
+void CheckMaskValue(double mask_value, std::string_view name) {
+  RPA_CHECK(!std::isnan(mask_value) && mask_value != INFINITY, ErrorKind::kOption,
+            StrCat(NameEq(name, mask_value), " must not be NaN or +inf."),
+            StrCat("Pass a large negative float (JAX's DEFAULT_MASK_VALUE is ",
+                   kDefaultMaskValue, ") or -inf, or None for the default."));
+}
+
+void CheckThreads(const std::optional<int>& num_threads) {
+  if (!num_threads) return;
+  RPA_CHECK(*num_threads > 0, ErrorKind::kOption,
+            StrCat(NameEq("num_threads", *num_threads), " must be positive."),
+            "Pass None to use RPA_NUM_THREADS or every core, or a thread count >= 1.");
+}
+
+// The cache as [num_pages, page_size, num_kv_heads, head_dim] through strides.
+void DescribeCache(const RaggedInputs& in, AttentionProblem& p) {
+  const TensorView& k = in.k_pages;
+  const TensorView& v = in.v_pages;
+  auto view = [](const TensorView& t, int page_dim, int slot_dim, int head_dim_index,
+                 int64_t head_step, int64_t first_head) {
+    PagesView pages;
+    pages.page_stride = t.strides[page_dim];
+    pages.slot_stride = t.strides[slot_dim];
+    pages.head_stride = t.strides[head_dim_index] * head_step;
+    pages.data = static_cast<const char*>(t.data) +
+                 first_head * t.strides[head_dim_index] * static_cast<int64_t>(SizeOf(t.dtype));
+    return pages;
+  };
+  switch (in.layout) {
+    case CacheLayout::kCombined:  // [pages, page_size, 2 * kv_heads, head_dim]
+      p.num_pages = k.shape[0];
+      p.page_size = k.shape[1];
+      p.num_kv_heads = k.shape[2] / 2;
+      p.k = view(k, 0, 1, 2, 2, 0);
+      p.v = view(k, 0, 1, 2, 2, 1);
+      break;
+    case CacheLayout::kNHD:  // [pages, page_size, kv_heads, head_dim]
+      p.num_pages = k.shape[0];
+      p.page_size = k.shape[1];
+      p.num_kv_heads = k.shape[2];
+      p.k = view(k, 0, 1, 2, 1, 0);
+      p.v = view(v, 0, 1, 2, 1, 0);
+      break;
+    case CacheLayout::kHND:  // [pages, kv_heads, page_size, head_dim]
+      p.num_pages = k.shape[0];
+      p.page_size = k.shape[2];
+      p.num_kv_heads = k.shape[1];
+      p.k = view(k, 0, 2, 1, 1, 0);
+      p.v = view(v, 0, 2, 1, 1, 0);
+      break;
+  }
+  p.head_dim = k.shape[3];
+  p.kv_dtype = k.dtype;
+}
+
+void BindMetadata(const TensorView& kv_lens, const TensorView& page_indices,
+                  const TensorView& cu_q_lens, AttentionProblem& p) {
+  p.kv_lens = static_cast<const int32_t*>(kv_lens.data);
+  p.page_indices = static_cast<const int32_t*>(page_indices.data);
+  p.page_indices_row_stride = page_indices.strides[0];
+  p.cu_q_lens = static_cast<const int32_t*>(cu_q_lens.data);
+}
+
+}  // namespace
+
+RaggedInputs CombinedInputs(const TensorView& q, const TensorView& kv_pages,
+                            const TensorView& kv_lens, const TensorView& page_indices,
+                            const TensorView& cu_q_lens, const TensorView& num_seqs) {
+  return RaggedInputs{q,       kv_pages,     kv_pages,  CacheLayout::kCombined,
+                      kv_lens, page_indices, cu_q_lens, num_seqs};
+}
+
+RaggedInputs SplitInputs(const TensorView& q, const TensorView& k_pages,
+                         const TensorView& v_pages, KVLayout layout, const TensorView& kv_lens,
+                         const TensorView& page_indices, const TensorView& cu_q_lens,
+                         const TensorView& num_seqs) {
+  return RaggedInputs{q,
+                      k_pages,
+                      v_pages,
+                      layout == KVLayout::kNHD ? CacheLayout::kNHD : CacheLayout::kHND,
+                      kv_lens,
+                      page_indices,
+                      cu_q_lens,
+                      num_seqs};
+}
+
+AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& options) {
+  const bool combined = in.layout == CacheLayout::kCombined;
+  const std::string_view cache_name = combined ? "kv_pages" : "k_pages";
+  const std::string_view cache_dims =
+      combined ? "[total_num_pages, page_size, 2 * num_kv_heads, head_dim]"
+      : in.layout == CacheLayout::kNHD ? "[total_num_pages, page_size, num_kv_heads, head_dim]"
+                                       : "[total_num_pages, num_kv_heads, page_size, head_dim]";
+
+  // What JAX's tuple unpacking and asserts would reject.
+  CheckRank(in.q, "q", 3, "[max_num_batched_tokens, num_q_heads, head_dim]");
+  CheckRank(in.k_pages, cache_name, 4, cache_dims);
+  if (!combined) {
+    CheckRank(in.v_pages, "v_pages", 4, cache_dims);
+    RPA_CHECK(in.k_pages.shape == in.v_pages.shape, ErrorKind::kShape,
+              StrCat("k_pages and v_pages must have the same shape. Got ",
+                     in.k_pages.ShapeString(), " and ", in.v_pages.ShapeString()),
+              "Pass K and V caches of one shape, with the same pages, page size, heads and "
+              "head_dim.");
+    RPA_CHECK(in.k_pages.dtype == in.v_pages.dtype, ErrorKind::kDtype,
+              StrCat("k_pages.dtype=", PyRepr(in.k_pages.dtype), " must be the same as v_pages.dtype=",
+                     PyRepr(in.v_pages.dtype), "."),
+              "Store K and V in one dtype.");
+  }
+  CheckRank(in.page_indices, "page_indices", 2, "[max_num_seqs, pages_per_seq]");
+  if (combined) {
+    const int64_t combined_heads = in.k_pages.shape[2];
+    RPA_CHECK(combined_heads % 2 == 0, ErrorKind::kShape,
+              StrCat(NameEq("num_combined_kv_heads", combined_heads), " (kv_pages.shape[2]) must be even."),
+              "In the combined layout head 2h holds K and head 2h + 1 holds V of kv head h; "
+              "interleave K and V so kv_pages.shape[2] = 2 * num_kv_heads.");
+  }
+
+  AttentionProblem p;
+  DescribeCache(in, p);
+  p.num_tokens = in.q.shape[0];
+  p.num_q_heads = in.q.shape[1];
+  p.max_num_seqs = in.page_indices.shape[0];
+  p.pages_per_seq = in.page_indices.shape[1];
+
+  CheckPositiveExtent(p.num_q_heads, "num_q_heads",
+                      "q must have at least one head: q.shape[1] >= 1.");
+  CheckPositiveExtent(p.num_kv_heads, "num_kv_heads",
+                      StrCat("The cache must hold at least one kv head: ", cache_name,
+                             combined ? ".shape[2] >= 2." : " needs >= 1 kv head."));
+  CheckPositiveExtent(p.head_dim, "head_dim", StrCat(cache_name, ".shape[3] must be >= 1."));
+  CheckPositiveExtent(p.page_size, "page_size",
+                      StrCat("Pages must hold at least one token; fix ", cache_name, "'s page_size dimension."));
+
+  // JAX's static checks, in JAX's order.
+  RPA_CHECK(in.num_seqs.rank == 1 && in.num_seqs.shape[0] == 1, ErrorKind::kShape,
+            StrCat("num_seqs.shape=", in.num_seqs.ShapeString(), " must be (1,)"),
+            "Pass num_seqs as a one-element int32 array holding the number of live sequences.");
+  const int64_t q_head_dim = in.q.shape[2];
+  RPA_CHECK(q_head_dim == p.head_dim, ErrorKind::kShape,
+            StrCat("Q head_dim ", q_head_dim, " must be the same as that of K/V ", p.head_dim, "."),
+            "Q, K and V must share one head_dim: q.shape[2] == kv_pages.shape[3].");
+  RPA_CHECK(in.kv_lens.rank == 1 && in.kv_lens.shape[0] == p.max_num_seqs, ErrorKind::kShape,
+            StrCat("Expected kv_lens.shape=", in.kv_lens.ShapeString(), " to be (", p.max_num_seqs,
+                   ",) where `max_num_seqs` is `page_indices.shape[0]`."),
+            "Give kv_lens one entry per row of page_indices.");
+  RPA_CHECK(in.cu_q_lens.rank == 1 && in.cu_q_lens.shape[0] == p.max_num_seqs + 1,
+            ErrorKind::kShape,
+            StrCat("Expected cu_q_lens.shape=", in.cu_q_lens.ShapeString(), " to be (",
+                   p.max_num_seqs + 1, ",)  where `max_num_seqs` is `page_indices.shape[0]`."),
+            "Give cu_q_lens one entry more than page_indices has rows: cu_q_lens[i] is where "
+            "sequence i's queries start.");
+  RPA_CHECK(in.kv_lens.dtype == DType::kI32 && in.page_indices.dtype == DType::kI32 &&
+                in.cu_q_lens.dtype == DType::kI32,
+            ErrorKind::kDtype,
+            StrCat("The dtype of `kv_lens`, `page_indices`, and `cu_q_lens` must be int32. Got "
+                   "kv_lens.dtype=",
+                   PyRepr(in.kv_lens.dtype), ", page_indices.dtype=", PyRepr(in.page_indices.dtype),
+                   ", cu_q_lens.dtype=", PyRepr(in.cu_q_lens.dtype), "."),
+            "Cast them to int32 (for NumPy: .astype(np.int32)).");
+  RPA_CHECK(p.num_q_heads % p.num_kv_heads == 0, ErrorKind::kShape,
+            StrCat(NameEq("num_q_heads", p.num_q_heads), " must be divisible by ",
+                   NameEq("num_kv_heads", p.num_kv_heads)),
+            "Each kv head must serve the same number of q heads (GQA): choose num_q_heads as a "
+            "multiple of num_kv_heads.");
+  if (options.sliding_window) {
+    RPA_CHECK(*options.sliding_window > 0, ErrorKind::kOption,
+              StrCat(NameEq("sliding_window", *options.sliding_window), " must be positive."),
+              "Pass the number of keys each query sees (its own position included), or None for "
+              "no window.");
+  }
+  if (options.soft_cap) {
+    RPA_CHECK(*options.soft_cap != 0.0, ErrorKind::kOption,
+              StrCat(NameEq("soft_cap", *options.soft_cap), " must not be 0.0."),
+              "Pass the cap c of c * tanh(logit / c) (e.g. 50.0), or None for no soft cap.");
+  }
+  if (options.num_kv_pages_per_block) {
+    const int64_t blocks = *options.num_kv_pages_per_block;
+    RPA_CHECK(blocks > 0 && blocks <= p.pages_per_seq, ErrorKind::kBlockSize,
+              StrCat(NameEq("num_kv_pages_per_block", blocks), " must be in range (0, ",
+                     p.pages_per_seq, "]."),
+              StrCat("Pass None to let the library choose, or at most pages_per_seq = "
+                     "page_indices.shape[1] = ",
+                     p.pages_per_seq,
+                     "; pages_per_seq depends on page_size (ceil(max_model_len / page_size)), "
+                     "so a value tuned for another page size will not fit."));
+  }
+  if (options.num_queries_per_block) {
+    RPA_CHECK(*options.num_queries_per_block > 0, ErrorKind::kBlockSize,
+              StrCat(NameEq("num_queries_per_block", *options.num_queries_per_block),
+                     " must be positive."),
+              "Pass None to let the library choose, or a query-tile size >= 1.");
+  }
+  if (options.vmem_limit_bytes) {
+    RPA_CHECK(*options.vmem_limit_bytes > 0, ErrorKind::kOption,
+              StrCat(NameEq("vmem_limit_bytes", *options.vmem_limit_bytes), " must be positive."),
+              "Pass None for no limit, or a per-worker scratch budget in bytes.");
+  }
+
+  // Ours, where JAX asserts or is silent.
+  RPA_CHECK(in.num_seqs.dtype == DType::kI32, ErrorKind::kDtype,
+            StrCat("num_seqs.dtype=", PyRepr(in.num_seqs.dtype), " must be int32."),
+            "Cast num_seqs to int32.");
+  CheckDtype(in.q, "q", IsQDtype(in.q.dtype), kQDtypes);
+  CheckDtype(in.k_pages, cache_name, IsKvDtype(in.k_pages.dtype), kKvDtypes);
+  CheckFinite(options.sm_scale, "sm_scale");
+  CheckFinite(options.soft_cap, "soft_cap");
+  CheckFinite(options.k_scale, "k_scale");
+  CheckFinite(options.v_scale, "v_scale");
+  if (options.mask_value) CheckMaskValue(*options.mask_value, "mask_value");
+  CheckThreads(options.num_threads);
+  CheckInnermostContiguous(in.q, "q");
+  CheckInnermostContiguous(in.k_pages, cache_name);
+  if (!combined) CheckInnermostContiguous(in.v_pages, "v_pages");
+  CheckInnermostContiguous(in.kv_lens, "kv_lens");
+  CheckInnermostContiguous(in.page_indices, "page_indices");
+  CheckInnermostContiguous(in.cu_q_lens, "cu_q_lens");
+
+  p.q_dtype = in.q.dtype;
+  p.q = in.q.data;
+  p.q_token_stride = in.q.strides[0];
+  p.q_head_stride = in.q.strides[1];
+  BindMetadata(in.kv_lens, in.page_indices, in.cu_q_lens, p);
+  p.sm_scale = static_cast<float>(options.sm_scale);
+  p.mask_value = static_cast<float>(options.mask_value.value_or(kDefaultMaskValue));
+  p.soft_cap = static_cast<float>(options.soft_cap.value_or(0.0));
+  p.sliding_window = options.sliding_window.value_or(0);
+  p.k_scale = static_cast<float>(options.k_scale.value_or(1.0));
+  p.v_scale = static_cast<float>(options.v_scale.value_or(1.0));
+  p.num_kv_pages_per_block = options.num_kv_pages_per_block.value_or(0);
+  p.num_queries_per_block = options.num_queries_per_block.value_or(0);
+  p.vmem_limit_bytes = options.vmem_limit_bytes.value_or(0);
+  p.num_threads = options.num_threads.value_or(0);
+  return p;
+}
+
+void DynamicValidate(int32_t num_seqs, AttentionProblem& p, const MetadataNames& names) {
+  RPA_CHECK(num_seqs <= p.max_num_seqs, ErrorKind::kMetadata,
+            StrCat("num_seqs[0]=", num_seqs, " must be less or equal to ",
+                   NameEq("max_num_seqs", p.max_num_seqs)),
+            "num_seqs counts the live rows of page_indices, kv_lens and cu_q_lens; pass at most "
+            "page_indices.shape[0].");
+  RPA_CHECK(num_seqs >= 0, ErrorKind::kMetadata,
+            StrCat("num_seqs[0]=", num_seqs, " must be greater or equal to 0."),
+            "Pass the number of live sequences, 0 for an empty batch.");
+
+  int64_t max_kv_len = 0;
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const int32_t kv_len = p.kv_lens[i];
+    RPA_CHECK(kv_len >= 0, ErrorKind::kMetadata,
+              StrCat(names.lens, "[", i, "]=", kv_len, " must be greater or equal to 0."),
+              StrCat(names.lens, " holds each sequence's number of tokens in the cache."));
+    max_kv_len = std::max<int64_t>(max_kv_len, kv_len);
+  }
+  // 64-bit: kv_len near INT32_MAX must not overflow the page count.
+  const int64_t min_pages_per_seq = (max_kv_len + p.page_size - 1) / p.page_size;
+  RPA_CHECK(p.pages_per_seq >= min_pages_per_seq, ErrorKind::kMetadata,
+            StrCat(NameEq(names.pages_per_seq, p.pages_per_seq), " must be greater or equal to ",
+                   NameEq(StrCat("min_", names.pages_per_seq), min_pages_per_seq), " given ",
+                   NameEq("max_kv_len", max_kv_len), " and ", NameEq("page_size", p.page_size),
+                   "."),
+            "Widen page_indices to ceil(max_kv_len / page_size) columns, or shorten the "
+            "sequences.");
+
+  if (names.require_q_len_le_kv_len) {
+    RPA_CHECK(p.cu_q_lens[0] >= 0, ErrorKind::kMetadata,
+              StrCat("cu_q_lens[0]=", p.cu_q_lens[0], " must be greater or equal to 0."),
+              "cu_q_lens[i] is the q row where sequence i starts; rows start at 0.");
+    for (int32_t i = 0; i < num_seqs; ++i) {
+      RPA_CHECK(p.cu_q_lens[i + 1] >= p.cu_q_lens[i], ErrorKind::kMetadata,
+                StrCat("cu_q_lens[", i + 1, "]=", p.cu_q_lens[i + 1],
+                       " must be greater or equal to cu_q_lens[", i, "]=", p.cu_q_lens[i], "."),
+                "cu_q_lens is the running sum of the q lengths: it never decreases.");
+    }
+    const int32_t total_q_tokens = p.cu_q_lens[num_seqs];
+    RPA_CHECK(total_q_tokens <= p.num_tokens, ErrorKind::kMetadata,
+              StrCat("Total q tokens ", total_q_tokens, " must be less or equal to ",
+                     NameEq("max_num_batched_tokens", p.num_tokens), "."),
+              "cu_q_lens[num_seqs] counts the q rows in use; make q taller or the batch "
+              "smaller.");
+    for (int32_t i = 0; i < num_seqs; ++i) {
+      const int64_t q_len = static_cast<int64_t>(p.cu_q_lens[i + 1]) - p.cu_q_lens[i];
+      RPA_CHECK(q_len <= p.kv_lens[i], ErrorKind::kMetadata,
+                StrCat(NameEq("q_len", q_len), " must be less or equal to ",
+                       NameEq("kv_len", static_cast<int64_t>(p.kv_lens[i])), " at sequence ", i,
+                       "."),
+                "A sequence's new tokens are part of its history: kv_lens[i] counts them too.");
+    }
+  }
+
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const int64_t pages_read = (static_cast<int64_t>(p.kv_lens[i]) + p.page_size - 1) / p.page_size;
+    for (int64_t column = 0; column < pages_read; ++column) {
+      const int32_t page = p.PageIndex(i, column);
+      RPA_CHECK(page >= 0 && page < p.num_pages, ErrorKind::kPageIndex,
+                StrCat("page_indices[", i, ", ", column, "]=", page,
+                       " must be in range [0, ", NameEq("total_num_pages", p.num_pages),
+                       ") because sequence ", i, " reads it (", names.lens, "[", i,
+                       "]=", p.kv_lens[i], ", ", NameEq("page_size", p.page_size), ")."),
+                "Point every page a sequence's kv_len covers at a page of the cache; columns "
+                "beyond ceil(kv_len / page_size) are never read and may hold anything.");
+    }
+  }
+  p.num_seqs = num_seqs;
+}
+
+void BindOutput(const TensorView& q, const MutableTensorView& out, AttentionProblem& p) {
+  RPA_CHECK(out.rank == q.rank && out.shape == q.shape, ErrorKind::kShape,
+            StrCat("out.shape=", out.ShapeString(), " must be the same as q.shape=",
+                   q.ShapeString(), "."),
+            "Allocate out like q.");
+  RPA_CHECK(out.dtype == q.dtype, ErrorKind::kDtype,
+            StrCat("out.dtype=", PyRepr(out.dtype), " must be the same as q.dtype=",
+                   PyRepr(q.dtype), "."),
+            "Allocate out like q.");
+  CheckInnermostContiguous(out, "out");
+  p.out = out.data;
+  p.out_token_stride = out.strides[0];
+  p.out_head_stride = out.strides[1];
+}
+
+AttentionProblem ValidateRagged(const RaggedInputs& inputs, const AttentionOptions& options,
+                                const MutableTensorView& out) {
+  AttentionProblem problem = StaticValidate(inputs, options);
+  BindOutput(inputs.q, out, problem);
+  DynamicValidate(*static_cast<const int32_t*>(inputs.num_seqs.data), problem);
+  return problem;
+}
+
+AttentionProblem ValidatePagedAttention(const TensorView& q, const TensorView& k_pages,
+                                        const TensorView& v_pages, const TensorView& lengths,
+                                        const TensorView& page_indices,
+                                        const PagedAttentionOptions& options,
+                                        const MutableTensorView& out,
+                                        std::vector<int32_t>& cu_q_lens_storage) {
+  constexpr std::string_view kCacheDims = "[num_kv_heads, total_num_pages, page_size, head_dim]";
+  CheckRank(q, "q", 3, "[batch_size, num_q_heads, head_dim]");
+  CheckRank(k_pages, "k_pages", 4, kCacheDims);
+  CheckRank(v_pages, "v_pages", 4, kCacheDims);
+  CheckRank(page_indices, "page_indices", 2, "[batch_size, pages_per_sequence]");
+  const int64_t batch_size = q.shape[0];
+  const int64_t num_q_heads = q.shape[1];
+  const int64_t head_dim = q.shape[2];
+  const int64_t num_kv_heads = k_pages.shape[0];
+  const int64_t head_dim_k = k_pages.shape[3];
+  const int64_t pages_per_sequence = page_indices.shape[1];
+
+  CheckPositiveExtent(num_q_heads, "num_q_heads", "q must have at least one head: q.shape[1] >= 1.");
+  CheckPositiveExtent(num_kv_heads, "num_kv_heads", "k_pages.shape[0] must be >= 1.");
+  CheckPositiveExtent(head_dim_k, "head_dim", "k_pages.shape[3] must be >= 1.");
+  CheckPositiveExtent(k_pages.shape[2], "page_size", "k_pages.shape[2] must be >= 1.");
+  RPA_CHECK(options.pages_per_compute_block > 0, ErrorKind::kBlockSize,
+            StrCat(NameEq("pages_per_compute_block", options.pages_per_compute_block),
+                   " must be positive."),
+            "Pass a divisor of pages_per_sequence = page_indices.shape[1].");
+
+  // JAX's checks, in JAX's order.
+  RPA_CHECK(k_pages.shape == v_pages.shape, ErrorKind::kShape,
+            StrCat("k_pages and v_pages must have the same shape. Got ", k_pages.ShapeString(),
+                   " and ", v_pages.ShapeString()),
+            "Pass K and V caches of one shape [num_kv_heads, total_num_pages, page_size, "
+            "head_dim].");
+  RPA_CHECK(num_q_heads % num_kv_heads == 0, ErrorKind::kShape,
+            StrCat("Number of Q heads must be divisible by number of KV heads. Got ", num_q_heads,
+                   " and ", num_kv_heads, "."),
+            "Each kv head must serve the same number of q heads (GQA).");
+  RPA_CHECK(head_dim_k == head_dim, ErrorKind::kShape,
+            StrCat("head_dim of Q must be the same as that of K/V. Got ", head_dim, " and ",
+                   head_dim_k, "."),
+            "Q, K and V must share one head_dim: q.shape[2] == k_pages.shape[3].");
+  // JAX's text states this rule backwards; ours says it the right way round.
+  RPA_CHECK(pages_per_sequence % options.pages_per_compute_block == 0, ErrorKind::kBlockSize,
+            StrCat(NameEq("pages_per_sequence", pages_per_sequence), " must be divisible by ",
+                   NameEq("pages_per_compute_block", options.pages_per_compute_block), "."),
+            "Pass a divisor of pages_per_sequence = page_indices.shape[1].");
+  RPA_CHECK(lengths.rank == 1 && lengths.shape[0] == batch_size, ErrorKind::kShape,
+            "`lengths` and `q` must have the same batch size",
+            StrCat("Give lengths one entry per row of q (", batch_size, "); got lengths.shape=",
+                   lengths.ShapeString(), "."));
+  RPA_CHECK(page_indices.shape[0] == batch_size, ErrorKind::kShape,
+            "`page_indices` and `q` must have the same batch size",
+            StrCat("Give page_indices one row per row of q (", batch_size,
+                   "); got page_indices.shape=", page_indices.ShapeString(), "."));
+  RPA_CHECK(lengths.dtype == DType::kI32, ErrorKind::kDtype,
+            StrCat("The dtype of `lengths` must be int32. Got ", ToString(lengths.dtype)),
+            "Cast lengths to int32.");
+  if (options.megacore_mode == "kv_head") {
+    RPA_CHECK(num_kv_heads % 2 == 0, ErrorKind::kOption,
+              "number of KV heads must be even when megacore_mode is 'kv_head'",
+              "Pass megacore_mode=None (on CPU it changes nothing).");
+  } else if (options.megacore_mode == "batch") {
+    RPA_CHECK(batch_size % 2 == 0, ErrorKind::kOption,
+              "batch size must be even when megacore_mode is 'batch'",
+              "Pass megacore_mode=None (on CPU it changes nothing).");
+  } else {
+    RPA_CHECK(!options.megacore_mode, ErrorKind::kOption,
+              "megacore_mode must be one of ['kv_head', 'batch', None]",
+              StrCat("Got megacore_mode='", *options.megacore_mode, "'; pass None on CPU."));
+  }
+
+  // Ours.
+  RPA_CHECK(page_indices.dtype == DType::kI32, ErrorKind::kDtype,
+            StrCat("The dtype of `page_indices` must be int32. Got ", ToString(page_indices.dtype)),
+            "Cast page_indices to int32.");
+  RPA_CHECK(k_pages.dtype == v_pages.dtype, ErrorKind::kDtype,
+            StrCat("k_pages.dtype=", PyRepr(k_pages.dtype), " must be the same as v_pages.dtype=",
+                   PyRepr(v_pages.dtype), "."),
+            "Store K and V in one dtype.");
+  CheckDtype(q, "q", IsQDtype(q.dtype), kQDtypes);
+  CheckDtype(k_pages, "k_pages", IsKvDtype(k_pages.dtype), kKvDtypes);
+  CheckMaskValue(options.mask_value, "mask_value");
+  CheckFinite(options.attn_logits_soft_cap, "attn_logits_soft_cap");
+  if (options.attn_logits_soft_cap) {
+    RPA_CHECK(*options.attn_logits_soft_cap != 0.0, ErrorKind::kOption,
+              StrCat(NameEq("attn_logits_soft_cap", *options.attn_logits_soft_cap),
+                     " must not be 0.0."),
+              "Pass the cap c of c * tanh(logit / c), or None for no soft cap.");
+  }
+  CheckThreads(options.num_threads);
+  CheckInnermostContiguous(q, "q");
+  CheckInnermostContiguous(k_pages, "k_pages");
+  CheckInnermostContiguous(v_pages, "v_pages");
+  CheckInnermostContiguous(lengths, "lengths");
+  CheckInnermostContiguous(page_indices, "page_indices");
+
+  // One query per sequence: token b is sequence b.
+  RPA_CHECK(batch_size <= INT32_MAX, ErrorKind::kShape,
+            StrCat(NameEq("batch_size", batch_size), " must fit in int32."),
+            "Split the batch.");
+  cu_q_lens_storage.resize(static_cast<size_t>(batch_size) + 1);
+  for (int64_t b = 0; b <= batch_size; ++b) cu_q_lens_storage[b] = static_cast<int32_t>(b);
+
+  AttentionProblem p;
+  p.num_tokens = batch_size;
+  p.num_q_heads = num_q_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = head_dim;
+  p.num_pages = k_pages.shape[1];
+  p.page_size = k_pages.shape[2];
+  p.max_num_seqs = batch_size;
+  p.pages_per_seq = pages_per_sequence;
+  p.q_dtype = q.dtype;
+  p.q = q.data;
+  p.q_token_stride = q.strides[0];
+  p.q_head_stride = q.strides[1];
+  p.kv_dtype = k_pages.dtype;
+  p.k = PagesView{k_pages.data, k_pages.strides[1], k_pages.strides[2], k_pages.strides[0]};
+  p.v = PagesView{v_pages.data, v_pages.strides[1], v_pages.strides[2], v_pages.strides[0]};
+  BindMetadata(lengths, page_indices, TensorView(cu_q_lens_storage.data(), DType::kI32,
+                                                 {batch_size + 1}),
+               p);
+  p.sm_scale = 1.0f;  // JAX's paged_attention takes q pre-scaled.
+  p.mask_value = static_cast<float>(options.mask_value);
+  p.soft_cap = static_cast<float>(options.attn_logits_soft_cap.value_or(0.0));
+  // The compute block is JAX's KV tile; any divisor of the row fits ours.
+  p.num_kv_pages_per_block = options.pages_per_compute_block;
+  p.num_threads = options.num_threads.value_or(0);
+  BindOutput(q, out, p);
+  // A length-0 slot is a padded batch entry: its query sees no key and its
+  // output row is 0, instead of JAX's q_len <= kv_len rule.
+  DynamicValidate(static_cast<int32_t>(batch_size), p,
+                  MetadataNames{"lengths", "pages_per_sequence", false});
+  return p;
+}
+
+}  // namespace rpa::internal
+
+namespace rpa {
+
+void StaticValidateInputs(const TensorView& q, const TensorView& kv_pages,
+                          const TensorView& kv_lens, const TensorView& page_indices,
+                          const TensorView& cu_q_lens, const TensorView& num_seqs,
+                          const AttentionOptions& options) {
+  internal::StaticValidate(
+      internal::CombinedInputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs), options);
+}
+
+void StaticValidateInputs(const TensorView& q, const TensorView& k_pages,
+                          const TensorView& v_pages, KVLayout layout,
+                          const TensorView& kv_lens, const TensorView& page_indices,
+                          const TensorView& cu_q_lens, const TensorView& num_seqs,
+                          const AttentionOptions& options) {
+  internal::StaticValidate(internal::SplitInputs(q, k_pages, v_pages, layout, kv_lens,
+                                                 page_indices, cu_q_lens, num_seqs),
+                           options);
+}
+
+void DynamicValidateInputs(const TensorView& q, const TensorView& kv_pages,
+                           const TensorView& kv_lens, const TensorView& page_indices,
+                           const TensorView& cu_q_lens, const TensorView& num_seqs,
+                           const AttentionOptions& options) {
+  internal::AttentionProblem problem = internal::StaticValidate(
+      internal::CombinedInputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs), options);
+  internal::DynamicValidate(*static_cast<const int32_t*>(num_seqs.data), problem);
+}
+
+void DynamicValidateInputs(const TensorView& q, const TensorView& k_pages,
+                           const TensorView& v_pages, KVLayout layout,
+                           const TensorView& kv_lens, const TensorView& page_indices,
+                           const TensorView& cu_q_lens, const TensorView& num_seqs,
+                           const AttentionOptions& options) {
+  internal::AttentionProblem problem = internal::StaticValidate(
+      internal::SplitInputs(q, k_pages, v_pages, layout, kv_lens, page_indices, cu_q_lens,
+                            num_seqs),
+      options);
+  internal::DynamicValidate(*static_cast<const int32_t*>(num_seqs.data), problem);
+}
+
+}  // namespace rpa
