@@ -71,6 +71,11 @@ struct AttentionProblem {
   int64_t vmem_limit_bytes = 0;        // 0: no limit given.
   int num_threads = 0;                 // 0: RPA_NUM_THREADS, else every core.
 
+  // Extras; null when not asked for.
+  const float* sinks = nullptr;  // [num_q_heads]: joins each row's denominator.
+  float* lse = nullptr;          // [num_tokens, num_q_heads] (head stride 1).
+  int64_t lse_token_stride = 0;
+
   int64_t QueriesPerKvHead() const { return num_q_heads / num_kv_heads; }
   int32_t PageIndex(int64_t seq, int64_t column) const {
     return page_indices[seq * page_indices_row_stride + column];

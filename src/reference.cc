@@ -10,10 +10,12 @@
 namespace rpa::internal {
 namespace {
 
+// A padding row: output 0 and, when asked for, LSE -inf (no key).
 void ZeroRow(const AttentionProblem& p, int64_t token) {
   for (int64_t h = 0; h < p.num_q_heads; ++h) {
     const int64_t base = token * p.out_token_stride + h * p.out_head_stride;
     for (int64_t d = 0; d < p.head_dim; ++d) StoreFromF32(p.q_dtype, p.out, base + d, 0.0f);
+    if (p.lse != nullptr) p.lse[token * p.lse_token_stride + h] = -INFINITY;
   }
 }
 
@@ -71,18 +73,27 @@ void ReferenceAttention(const AttentionProblem& p) {
             logits[t] = logit;
             max_logit = std::max(max_logit, logit);
           }
+          // A sink joins the denominator only; it also bounds the shift.
+          const double sink = p.sinks != nullptr ? p.sinks[h] : -INFINITY;
+          const double shift = std::max(max_logit, sink);
           std::fill(acc.begin(), acc.end(), 0.0);
-          double sum = 0.0;
+          double key_sum = 0.0;
           for (int64_t t = 0; t < kv_len; ++t) {
-            const double weight = std::exp(logits[t] - max_logit);
-            sum += weight;
+            const double weight = std::exp(logits[t] - shift);
+            key_sum += weight;
             for (int64_t d = 0; d < p.head_dim; ++d) acc[d] += weight * values[t * p.head_dim + d];
           }
-          // No key at all (kv_len 0): the row is 0, never 0/0.
+          const double denominator = key_sum + (p.sinks != nullptr ? std::exp(sink - shift) : 0.0);
+          // No key at all (kv_len 0): the row is 0 and its LSE -inf, never 0/0.
+          const bool has_keys = kv_len > 0;
           const int64_t out_base = token * p.out_token_stride + h * p.out_head_stride;
           for (int64_t d = 0; d < p.head_dim; ++d) {
-            const double value = sum > 0.0 ? acc[d] / sum : 0.0;
+            const double value = has_keys ? acc[d] / denominator : 0.0;
             StoreFromF32(p.q_dtype, p.out, out_base + d, static_cast<float>(value));
+          }
+          if (p.lse != nullptr) {
+            p.lse[token * p.lse_token_stride + h] =
+                has_keys ? static_cast<float>(shift + std::log(key_sum)) : -INFINITY;
           }
         }
       }

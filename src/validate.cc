@@ -129,6 +129,38 @@ void BindMetadata(const TensorView& kv_lens, const TensorView& page_indices,
   p.cu_q_lens = static_cast<const int32_t*>(cu_q_lens.data);
 }
 
+void BindSinks(const TensorView& sinks, AttentionProblem& p) {
+  RPA_CHECK(sinks.rank == 1 && sinks.shape[0] == p.num_q_heads, ErrorKind::kShape,
+            StrCat("sinks.shape=", sinks.ShapeString(), " must be (", NameEq("num_q_heads", p.num_q_heads),
+                   ",)."),
+            "Pass one sink logit per q head, or None for no sinks.");
+  RPA_CHECK(sinks.dtype == DType::kF32, ErrorKind::kDtype,
+            StrCat("sinks.dtype=", PyRepr(sinks.dtype), " must be float32."),
+            "Cast sinks to float32.");
+  CheckInnermostContiguous(sinks, "sinks");
+  const auto* values = static_cast<const float*>(sinks.data);
+  for (int64_t h = 0; h < p.num_q_heads; ++h) {
+    RPA_CHECK(!std::isnan(values[h]), ErrorKind::kOption,
+              StrCat("sinks[", h, "]=nan must not be NaN."),
+              "Pass a finite logit, or -inf for a head without a sink.");
+  }
+  p.sinks = values;
+}
+
+void BindLse(const MutableTensorView& lse, AttentionProblem& p) {
+  RPA_CHECK(lse.rank == 2 && lse.shape[0] == p.num_tokens && lse.shape[1] == p.num_q_heads,
+            ErrorKind::kShape,
+            StrCat("lse.shape=", lse.ShapeString(), " must be (", NameEq("max_num_batched_tokens", p.num_tokens),
+                   ", ", NameEq("num_q_heads", p.num_q_heads), ")."),
+            "Allocate lse with one float32 per q row and q head: q.shape[:2].");
+  RPA_CHECK(lse.dtype == DType::kF32, ErrorKind::kDtype,
+            StrCat("lse.dtype=", PyRepr(lse.dtype), " must be float32."),
+            "Allocate lse as float32.");
+  CheckInnermostContiguous(lse, "lse");
+  p.lse = static_cast<float*>(lse.data);
+  p.lse_token_stride = lse.strides[0];
+}
+
 }  // namespace
 
 RaggedInputs CombinedInputs(const TensorView& q, const TensorView& kv_pages,
@@ -283,6 +315,8 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   CheckInnermostContiguous(in.kv_lens, "kv_lens");
   CheckInnermostContiguous(in.page_indices, "page_indices");
   CheckInnermostContiguous(in.cu_q_lens, "cu_q_lens");
+  if (options.sinks) BindSinks(*options.sinks, p);
+  if (options.lse) BindLse(*options.lse, p);
 
   p.q_dtype = in.q.dtype;
   p.q = in.q.data;

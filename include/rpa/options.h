@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "rpa/tensor.h"
+
 namespace rpa {
 
 // JAX's DEFAULT_MASK_VALUE: -0.7 * float32 max, computed in double as Python
@@ -30,6 +32,16 @@ struct AttentionOptions {
   std::optional<int64_t> vmem_limit_bytes;
   // Worker threads; none = RPA_NUM_THREADS, else every core.
   std::optional<int> num_threads;
+
+  // Beyond JAX (SPEC §1 conventions).
+  // f32 [num_q_heads]: attention sinks, one raw logit per q head that joins
+  // each row's softmax denominator only (no value, no sm_scale, no soft cap).
+  std::optional<TensorView> sinks;
+  // f32 [max_num_batched_tokens, num_q_heads], written: each row's natural
+  // log of its softmax denominator over keys (sinks excluded), -inf for rows
+  // with no key and padding rows. With merge_states it combines partial
+  // attentions over disjoint key sets.
+  std::optional<MutableTensorView> lse;
 };
 
 // Options of JAX's decode-only paged_attention. q arrives pre-scaled, as in

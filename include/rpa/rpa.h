@@ -5,6 +5,8 @@
 #include "rpa/attention.h"
 #include "rpa/dtype.h"
 #include "rpa/error.h"
+#include "rpa/kv_cache.h"
+#include "rpa/merge.h"
 #include "rpa/options.h"
 #include "rpa/reference.h"
 #include "rpa/tensor.h"

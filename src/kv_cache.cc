@@ -1,0 +1,100 @@
+#include "rpa/kv_cache.h"
+
+#include "compute.h"
+#include "format.h"
+#include "validate_internal.h"
+
+namespace rpa {
+namespace {
+
+using internal::AttentionProblem;
+using ::rpa::ErrorKind;
+using internal::PagesView;
+using internal::PyRepr;
+using internal::StrCat;
+
+void CheckNewRows(const TensorView& rows, std::string_view name, const AttentionProblem& p) {
+  RPA_CHECK(rows.rank == 3 && rows.shape[0] == p.num_tokens && rows.shape[1] == p.num_kv_heads &&
+                rows.shape[2] == p.head_dim,
+            ErrorKind::kShape,
+            StrCat(name, ".shape=", rows.ShapeString(), " must be (", p.num_tokens, ", ",
+                   p.num_kv_heads, ", ", p.head_dim,
+                   ") = (max_num_batched_tokens, num_kv_heads, head_dim)."),
+            StrCat("Row r of ", name, " belongs to q row r: give it q's rows, the cache's kv "
+                   "heads and head_dim."));
+  const DType d = rows.dtype;
+  RPA_CHECK(d == DType::kF32 || d == DType::kBF16 || d == DType::kF16 || d == DType::kF8E4M3FN ||
+                d == DType::kF8E5M2 || d == DType::kI8,
+            ErrorKind::kDtype,
+            StrCat(name, ".dtype=", PyRepr(d), " is not supported; ", name,
+                   " must be one of float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8."),
+            StrCat("Cast ", name, " to one of these dtypes."));
+  RPA_CHECK(rows.shape[2] <= 1 || rows.strides[2] == 1, ErrorKind::kLayout,
+            StrCat(name, " must be contiguous in its last dimension."),
+            StrCat("Pass a view of ", name, " whose last stride is 1."));
+}
+
+// Stores row `row` of `rows` (one kv head) at `offset` of `pages`, as x / scale.
+void StoreRow(const TensorView& rows, int64_t row, int64_t kv_head, const AttentionProblem& p,
+              const PagesView& pages, int64_t offset, float scale) {
+  // The caller handed the cache over as mutable; validation saw it as const.
+  void* cache = const_cast<void*>(pages.data);
+  const int64_t base = row * rows.strides[0] + kv_head * rows.strides[1];
+  for (int64_t d = 0; d < p.head_dim; ++d) {
+    StoreFromF32(p.kv_dtype, cache, offset + d, LoadAsF32(rows.dtype, rows.data, base + d) / scale);
+  }
+}
+
+void WriteNewTokens(const TensorView& new_k, const TensorView& new_v, const AttentionProblem& p) {
+  for (int64_t seq = 0; seq < p.num_seqs; ++seq) {
+    const int64_t q_start = p.cu_q_lens[seq];
+    const int64_t q_len = p.cu_q_lens[seq + 1] - q_start;
+    const int64_t kv_len = p.kv_lens[seq];
+    for (int64_t j = 0; j < q_len; ++j) {
+      const int64_t position = kv_len - q_len + j;
+      const int64_t page = p.PageIndex(seq, position / p.page_size);
+      const int64_t slot = position % p.page_size;
+      for (int64_t h = 0; h < p.num_kv_heads; ++h) {
+        StoreRow(new_k, q_start + j, h, p, p.k, p.k.Offset(page, slot, h), p.k_scale);
+        StoreRow(new_v, q_start + j, h, p, p.v, p.v.Offset(page, slot, h), p.v_scale);
+      }
+    }
+  }
+}
+
+void WriteThenAttend(const internal::RaggedInputs& inputs, const TensorView& new_k,
+                     const TensorView& new_v, const AttentionOptions& options,
+                     const MutableTensorView& out) {
+  const AttentionProblem problem = internal::ValidateRagged(inputs, options, out);
+  CheckNewRows(new_k, "new_k", problem);
+  CheckNewRows(new_v, "new_v", problem);
+  WriteNewTokens(new_k, new_v, problem);
+  internal::ComputeAttention(problem);
+}
+
+}  // namespace
+
+void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
+                                     const TensorView& new_v, const MutableTensorView& kv_pages,
+                                     const TensorView& kv_lens, const TensorView& page_indices,
+                                     const TensorView& cu_q_lens, const TensorView& num_seqs,
+                                     const AttentionOptions& options,
+                                     const MutableTensorView& out) {
+  WriteThenAttend(
+      internal::CombinedInputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs), new_k,
+      new_v, options, out);
+}
+
+void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
+                                     const TensorView& new_v, const MutableTensorView& k_pages,
+                                     const MutableTensorView& v_pages, KVLayout layout,
+                                     const TensorView& kv_lens, const TensorView& page_indices,
+                                     const TensorView& cu_q_lens, const TensorView& num_seqs,
+                                     const AttentionOptions& options,
+                                     const MutableTensorView& out) {
+  WriteThenAttend(internal::SplitInputs(q, k_pages, v_pages, layout, kv_lens, page_indices,
+                                        cu_q_lens, num_seqs),
+                  new_k, new_v, options, out);
+}
+
+}  // namespace rpa
