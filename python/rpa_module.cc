@@ -1,0 +1,732 @@
+// rpa._rpa: the pybind11 binding under the pure-Python API in rpa/_api.py.
+//
+// Every array argument becomes an rpa::TensorView over the caller's own memory
+// when its layout allows, without a copy:
+//   - objects with the buffer protocol (NumPy arrays, memoryviews) through
+//     PyObject_GetBuffer, byte strides divided by the item size;
+//   - everything else with __dlpack__ (torch tensors, JAX CPU arrays) through
+//     a DLPack capsule, whose strides are already in elements.
+// A layout rpa cannot read through strides (innermost dimension not
+// contiguous, negative strides, byte strides that are not whole elements,
+// a misaligned pointer, non-native byte order) is copied into a contiguous
+// array first: nothing is ever misread. Every check of shapes, dtypes and
+// values is the C++ library's; its rpa::Error arrives in Python as rpa.Error,
+// a ValueError subclass with the message verbatim and a `kind` attribute.
+// The GIL is released while the library validates and computes.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rpa/rpa.h"
+
+namespace py = pybind11;
+
+namespace rpa_python {
+namespace {
+
+// ---- DLPack: the ABI-stable structs of dlpack.h (v0.6 and later) that a
+// legacy "dltensor" capsule holds. Only what we read is named.
+namespace dlpack {
+constexpr int32_t kCPU = 1;
+enum TypeCode : uint8_t { kInt = 0, kUInt = 1, kFloat = 2, kBfloat = 4 };
+struct Device {
+  int32_t device_type;
+  int32_t device_id;
+};
+struct DataType {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  int32_t ndim;
+  DataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // In elements; null means row-major contiguous.
+  uint64_t byte_offset;
+};
+struct ManagedTensor {
+  Tensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor* self);
+};
+}  // namespace dlpack
+
+// The DTypes rpa can name; everything else is rejected here with the same
+// wording the library uses, since the library cannot represent it.
+std::optional<rpa::DType> DTypeFromDlpack(const dlpack::DataType& t) {
+  if (t.lanes != 1) return std::nullopt;
+  switch (t.code) {
+    case dlpack::kFloat:
+      if (t.bits == 32) return rpa::DType::kF32;
+      if (t.bits == 16) return rpa::DType::kF16;
+      if (t.bits == 64) return rpa::DType::kF64;
+      return std::nullopt;
+    case dlpack::kBfloat:
+      if (t.bits == 16) return rpa::DType::kBF16;
+      return std::nullopt;
+    case dlpack::kInt:
+      if (t.bits == 8) return rpa::DType::kI8;
+      if (t.bits == 32) return rpa::DType::kI32;
+      if (t.bits == 64) return rpa::DType::kI64;
+      return std::nullopt;
+    case dlpack::kUInt:
+      if (t.bits == 8) return rpa::DType::kU8;
+      return std::nullopt;
+    default:
+      return std::nullopt;
+  }
+}
+
+// A PEP 3118 format string ("f", "<e", "=i", "l", ...) of `itemsize` bytes.
+// Sets `native` to false for a big-endian format.
+std::optional<rpa::DType> DTypeFromFormat(const char* format, Py_ssize_t itemsize,
+                                          bool& native) {
+  native = true;
+  std::string f = format ? format : "B";
+  if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f = f.substr(1);
+  else if (!f.empty() && (f[0] == '>' || f[0] == '!')) {
+    native = false;
+    f = f.substr(1);
+  }
+  if (f.size() != 1) return std::nullopt;
+  switch (f[0]) {
+    case 'f': return itemsize == 4 ? std::optional(rpa::DType::kF32) : std::nullopt;
+    case 'd': return itemsize == 8 ? std::optional(rpa::DType::kF64) : std::nullopt;
+    case 'e': return itemsize == 2 ? std::optional(rpa::DType::kF16) : std::nullopt;
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n':
+      if (itemsize == 1) return rpa::DType::kI8;
+      if (itemsize == 4) return rpa::DType::kI32;
+      if (itemsize == 8) return rpa::DType::kI64;
+      return std::nullopt;
+    case 'B': case 'c':
+      return itemsize == 1 ? std::optional(rpa::DType::kU8) : std::nullopt;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string Repr(py::handle obj) { return py::repr(obj).cast<std::string>(); }
+
+// repr() of the argument's dtype, for dtypes rpa cannot name.
+std::string DtypeRepr(py::handle obj, const std::string& fallback) {
+  if (py::hasattr(obj, "dtype")) return Repr(obj.attr("dtype"));
+  return fallback;
+}
+
+[[noreturn]] void ThrowValue(rpa::ErrorKind kind, const std::string& message);
+
+// A dtype that rpa::DType cannot even name (int16, bool, complex, ...), in
+// the library's wording for dtypes it can name but does not support.
+[[noreturn]] void ThrowUnsupportedDtype(const std::string& name, const std::string& dtype_repr) {
+  std::string allowed = "int32";
+  if (name == "q" || name == "out") allowed = "float32, bfloat16, float16";
+  if (name == "kv_pages" || name == "k_pages" || name == "v_pages") {
+    allowed = "float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8";
+  }
+  ThrowValue(rpa::ErrorKind::kDtype, name + ".dtype=" + dtype_repr + " is not supported; " +
+                                         name + " must be one of " + allowed + ". Cast " + name +
+                                         " to one of these dtypes.");
+}
+
+bool HasBuffer(py::handle obj) { return PyObject_CheckBuffer(obj.ptr()) != 0; }
+bool HasDlpack(py::handle obj) { return py::hasattr(obj, "__dlpack__"); }
+
+struct BufferRelease {
+  void operator()(Py_buffer* buffer) const {
+    PyBuffer_Release(buffer);
+    delete buffer;
+  }
+};
+
+// One array argument as an rpa view, plus what keeps its memory alive (the
+// object, its Py_buffer or its DLPack capsule) until the call returns.
+class Array {
+ public:
+  // `name` is the API's argument name. `writable`: the view is an output.
+  static Array Open(py::handle obj, const std::string& name, bool writable);
+
+  const rpa::MutableTensorView& view() const { return view_; }
+  rpa::TensorView const_view() const { return view_; }
+  bool copied() const { return copied_; }
+  const py::object& owner() const { return owner_; }
+
+  // [lowest, highest] byte address the view can touch; empty views touch none.
+  std::pair<uintptr_t, uintptr_t> Extent() const {
+    const auto base = reinterpret_cast<uintptr_t>(view_.data);
+    uintptr_t lo = base, hi = base;
+    const size_t item = rpa::SizeOf(view_.dtype);
+    for (int d = 0; d < view_.rank; ++d) {
+      if (view_.shape[d] == 0) return {1, 0};
+      hi += static_cast<uintptr_t>((view_.shape[d] - 1) * view_.strides[d]) * item;
+    }
+    return {lo, hi + item - 1};
+  }
+
+ private:
+  // Describes `obj` without copying; false when its layout needs a copy.
+  bool Describe(py::handle obj, const std::string& name, bool writable);
+  bool DescribeBuffer(py::handle obj, const std::string& name, bool writable);
+  bool DescribeDlpack(py::handle obj, const std::string& name, bool writable);
+  // Element strides from `shape` and `strides` (in units of `stride_unit`
+  // bytes: 1 for the buffer protocol, the item size for DLPack); false when
+  // rpa cannot read that layout through strides.
+  bool SetLayout(int rank, const int64_t* shape, const int64_t* strides, int64_t stride_unit,
+                 bool writable, const std::string& name);
+
+  rpa::MutableTensorView view_;
+  py::object owner_;
+  py::object capsule_;
+  std::unique_ptr<Py_buffer, BufferRelease> buffer_;
+  bool copied_ = false;
+};
+
+Array Array::Open(py::handle obj, const std::string& name, bool writable) {
+  Array array;
+  py::object source = py::reinterpret_borrow<py::object>(obj);
+  // torch refuses to export a tensor that requires grad; reading it is fine.
+  if (!HasBuffer(source) && py::hasattr(source, "requires_grad") &&
+      source.attr("requires_grad").cast<bool>()) {
+    source = source.attr("detach")();
+  }
+  if (array.Describe(source, name, writable)) {
+    array.owner_ = source;
+    return array;
+  }
+  // A layout rpa cannot read through strides: a contiguous, native copy.
+  py::object copy;
+  if (!HasBuffer(source) && py::hasattr(source, "contiguous")) {
+    copy = source.attr("contiguous")();
+    if (copy.is(source)) copy = source.attr("clone")();
+  } else {
+    py::module_ np = py::module_::import("numpy");
+    py::object arr = np.attr("asarray")(source);
+    copy = np.attr("ascontiguousarray")(arr, py::arg("dtype") = arr.attr("dtype").attr(
+                                                 "newbyteorder")("="));
+    if (copy.is(arr)) copy = arr.attr("copy")();
+  }
+  Array copied;
+  if (!copied.Describe(copy, name, /*writable=*/false)) {
+    throw std::logic_error("rpa: a contiguous copy of " + name + " is still unreadable");
+  }
+  copied.owner_ = copy;
+  copied.copied_ = true;
+  return copied;
+}
+
+bool Array::Describe(py::handle obj, const std::string& name, bool writable) {
+  if (HasBuffer(obj)) return DescribeBuffer(obj, name, writable);
+  if (HasDlpack(obj)) return DescribeDlpack(obj, name, writable);
+  ThrowValue(rpa::ErrorKind::kDtype,
+             name + " must be a NumPy array or a torch tensor (anything with the buffer "
+                    "protocol or __dlpack__). Got " + Repr(py::type::handle_of(obj)) +
+                 ". Convert it with numpy.asarray(" + name + ").");
+}
+
+bool Array::DescribeBuffer(py::handle obj, const std::string& name, bool writable) {
+  buffer_.reset(new Py_buffer());
+  const int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), buffer_.get(), flags) != 0) {
+    delete buffer_.release();  // Nothing acquired: PyBuffer_Release must not run.
+    if (writable) {
+      PyErr_Clear();
+      ThrowValue(rpa::ErrorKind::kLayout,
+                 name + " is read-only. Pass a writable array, or omit " + name + ".");
+    }
+    throw py::error_already_set();
+  }
+  const Py_buffer& b = *buffer_;
+  bool native = true;
+  const std::optional<rpa::DType> dtype = DTypeFromFormat(b.format, b.itemsize, native);
+  if (!dtype) {
+    ThrowUnsupportedDtype(name, DtypeRepr(obj, std::string("'") + (b.format ? b.format : "") +
+                                                   "'"));
+  }
+  if (b.ndim > rpa::kMaxRank) {
+    std::vector<int64_t> shape(b.shape, b.shape + b.ndim);
+    std::string s = "(";
+    for (size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+    ThrowValue(rpa::ErrorKind::kShape,
+               name + ".shape=" + s + ") has " + std::to_string(b.ndim) +
+                   " dimensions; rpa's arrays have at most 4. Check the argument order.");
+  }
+  view_.dtype = *dtype;
+  view_.data = b.buf;
+  int64_t shape[rpa::kMaxRank] = {};
+  int64_t strides[rpa::kMaxRank] = {};
+  for (int d = 0; d < b.ndim; ++d) {
+    shape[d] = b.shape[d];
+    strides[d] = b.strides ? b.strides[d] : 0;
+  }
+  if (!b.strides) {  // C-contiguous by the protocol's rules.
+    int64_t stride = b.itemsize;
+    for (int d = b.ndim - 1; d >= 0; --d) {
+      strides[d] = stride;
+      stride *= shape[d];
+    }
+  }
+  const bool usable = native && SetLayout(b.ndim, shape, strides, /*stride_unit=*/1, writable, name);
+  if (!usable) buffer_.reset();
+  return usable;
+}
+
+bool Array::DescribeDlpack(py::handle obj, const std::string& name, bool writable) {
+  capsule_ = obj.attr("__dlpack__")();
+  auto* managed = static_cast<dlpack::ManagedTensor*>(
+      PyCapsule_GetPointer(capsule_.ptr(), "dltensor"));
+  if (!managed) throw py::error_already_set();
+  const dlpack::Tensor& t = managed->dl_tensor;
+  if (t.device.device_type != dlpack::kCPU) {
+    const std::string device =
+        py::hasattr(obj, "device") ? Repr(obj.attr("device"))
+                                   : "DLPack device type " + std::to_string(t.device.device_type);
+    ThrowValue(rpa::ErrorKind::kLayout, name + " is on device " + device +
+                                            "; rpa computes on the CPU. Pass " + name +
+                                            ".cpu() (and move the result back).");
+  }
+  const std::optional<rpa::DType> dtype = DTypeFromDlpack(t.dtype);
+  if (!dtype) {
+    ThrowUnsupportedDtype(name, DtypeRepr(obj, "<DLPack type code " +
+                                                   std::to_string(t.dtype.code) + ", " +
+                                                   std::to_string(t.dtype.bits) + " bits>"));
+  }
+  if (t.ndim > rpa::kMaxRank) {
+    std::string s = "(";
+    for (int d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
+    ThrowValue(rpa::ErrorKind::kShape,
+               name + ".shape=" + s + ") has " + std::to_string(t.ndim) +
+                   " dimensions; rpa's arrays have at most 4. Check the argument order.");
+  }
+  view_.dtype = *dtype;
+  view_.data = static_cast<char*>(t.data) + t.byte_offset;
+  int64_t strides[rpa::kMaxRank] = {};
+  if (t.strides) {
+    std::copy(t.strides, t.strides + t.ndim, strides);
+  } else {
+    int64_t stride = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      strides[d] = stride;
+      stride *= t.shape[d];
+    }
+  }
+  const bool usable = SetLayout(t.ndim, t.shape, strides,
+                                /*stride_unit=*/static_cast<int64_t>(rpa::SizeOf(*dtype)),
+                                writable, name);
+  if (!usable) capsule_ = py::object();
+  return usable;
+}
+
+bool Array::SetLayout(int rank, const int64_t* shape, const int64_t* strides,
+                      int64_t stride_unit, bool writable, const std::string& /*name*/) {
+  const int64_t item = static_cast<int64_t>(rpa::SizeOf(view_.dtype));
+  view_.rank = rank;
+  bool empty = false;
+  for (int d = 0; d < rank; ++d) {
+    view_.shape[d] = shape[d];
+    empty = empty || shape[d] == 0;
+  }
+  // Row-major strides for dimensions whose stride is never used (extent 1,
+  // or an empty array), so that a view of them is always "contiguous".
+  int64_t contiguous = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    const int64_t byte_stride = strides[d] * stride_unit;
+    if (empty || shape[d] == 1) {
+      view_.strides[d] = contiguous;
+    } else {
+      if (byte_stride % item != 0 || byte_stride < 0) return false;
+      view_.strides[d] = byte_stride / item;
+      // An output must not write one element through two indices.
+      if (writable && view_.strides[d] == 0) return false;
+    }
+    contiguous *= std::max<int64_t>(shape[d], 1);
+  }
+  if (rank > 0 && view_.strides[rank - 1] != 1) return false;
+  if (!empty && reinterpret_cast<uintptr_t>(view_.data) % static_cast<uintptr_t>(item) != 0) {
+    return false;
+  }
+  return true;
+}
+
+// ---- Errors.
+
+// rpa.Error: a ValueError carrying rpa::Error's message and kind.
+py::handle error_type;
+
+[[noreturn]] void ThrowValue(rpa::ErrorKind kind, const std::string& message) {
+  throw rpa::Error(kind, message);
+}
+
+void TranslateErrors(std::exception_ptr exception) {
+  try {
+    if (exception) std::rethrow_exception(exception);
+  } catch (const rpa::Error& e) {
+    py::object value = error_type(e.what());
+    value.attr("kind") = std::string(rpa::ToString(e.kind()));
+    PyErr_SetObject(error_type.ptr(), value.ptr());
+  }
+}
+
+// ---- Python scalars to options, unchanged: ints stay int64, floats double.
+
+std::optional<int64_t> OptionalInt(py::handle value, const char* name) {
+  if (value.is_none()) return std::nullopt;
+  if (PyFloat_Check(value.ptr()) || !PyIndex_Check(value.ptr())) {
+    throw py::type_error(std::string(name) + " must be an int or None. Got " + Repr(value) +
+                         " of type " + Repr(py::type::handle_of(value)) + ".");
+  }
+  int overflow = 0;
+  py::object as_int = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
+  if (!as_int) throw py::error_already_set();
+  const long long v = PyLong_AsLongLongAndOverflow(as_int.ptr(), &overflow);
+  if (overflow != 0) {
+    throw py::value_error(std::string(name) + "=" + Repr(value) + " does not fit in int64.");
+  }
+  return static_cast<int64_t>(v);
+}
+
+std::optional<double> OptionalFloat(py::handle value, const char* name) {
+  if (value.is_none()) return std::nullopt;
+  if (!PyFloat_Check(value.ptr()) && !PyIndex_Check(value.ptr()) &&
+      !py::hasattr(value, "__float__")) {
+    throw py::type_error(std::string(name) + " must be a float or None. Got " + Repr(value) +
+                         " of type " + Repr(py::type::handle_of(value)) + ".");
+  }
+  const double v = PyFloat_AsDouble(value.ptr());
+  if (v == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
+std::optional<int> OptionalThreads(py::handle value) {
+  const std::optional<int64_t> n = OptionalInt(value, "num_threads");
+  if (!n) return std::nullopt;
+  // The library checks the value (num_threads=0 must be positive.); here
+  // only that it fits its int.
+  if (*n > 1 << 20 || *n < -(1 << 20)) {
+    throw py::value_error("num_threads=" + std::to_string(*n) +
+                          " is far beyond any core count. Pass None to use RPA_NUM_THREADS or "
+                          "every core, or a thread count >= 1.");
+  }
+  return static_cast<int>(*n);
+}
+
+struct RaggedKwargs {
+  py::object sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
+      num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, num_threads;
+};
+
+rpa::AttentionOptions ToOptions(const RaggedKwargs& kw) {
+  rpa::AttentionOptions o;
+  o.sm_scale = OptionalFloat(kw.sm_scale, "sm_scale").value_or(1.0);
+  o.sliding_window = OptionalInt(kw.sliding_window, "sliding_window");
+  o.soft_cap = OptionalFloat(kw.soft_cap, "soft_cap");
+  o.mask_value = OptionalFloat(kw.mask_value, "mask_value");
+  o.k_scale = OptionalFloat(kw.k_scale, "k_scale");
+  o.v_scale = OptionalFloat(kw.v_scale, "v_scale");
+  o.num_kv_pages_per_block = OptionalInt(kw.num_kv_pages_per_block, "num_kv_pages_per_block");
+  o.num_queries_per_block = OptionalInt(kw.num_queries_per_block, "num_queries_per_block");
+  o.vmem_limit_bytes = OptionalInt(kw.vmem_limit_bytes, "vmem_limit_bytes");
+  o.num_threads = OptionalThreads(kw.num_threads);
+  return o;
+}
+
+std::optional<rpa::KVLayout> ToLayout(py::handle layout) {
+  if (layout.is_none()) return std::nullopt;
+  const std::string s = py::str(layout).cast<std::string>();
+  if (py::isinstance<py::str>(layout) && s == "NHD") return rpa::KVLayout::kNHD;
+  if (py::isinstance<py::str>(layout) && s == "HND") return rpa::KVLayout::kHND;
+  ThrowValue(rpa::ErrorKind::kOption,
+             "kv_layout=" + Repr(layout) +
+                 " must be 'NHD' or 'HND'. 'NHD' is [num_pages, page_size, num_kv_heads, "
+                 "head_dim] (vLLM, FlashInfer), 'HND' is [num_pages, num_kv_heads, page_size, "
+                 "head_dim].");
+}
+
+// The arrays of a ragged call. `v_pages` is None for JAX's combined layout.
+struct RaggedArrays {
+  Array q, k, v, kv_lens, page_indices, cu_q_lens, num_seqs;
+  std::optional<rpa::KVLayout> layout;
+
+  static RaggedArrays Open(py::handle q, py::handle k, py::handle v, py::handle layout,
+                           py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
+                           py::handle num_seqs) {
+    RaggedArrays a;
+    a.layout = ToLayout(layout);
+    const bool split = !v.is_none();
+    if (split && !a.layout) a.layout = rpa::KVLayout::kNHD;
+    if (!split && a.layout) {
+      ThrowValue(rpa::ErrorKind::kOption,
+                 "kv_layout=" + Repr(layout) +
+                     " applies to separate K and V caches only. Pass kv_pages=(k_pages, "
+                     "v_pages), or omit kv_layout for JAX's combined kv_pages.");
+    }
+    a.q = Array::Open(q, "q", false);
+    a.k = Array::Open(k, split ? "k_pages" : "kv_pages", false);
+    if (split) a.v = Array::Open(v, "v_pages", false);
+    a.kv_lens = Array::Open(kv_lens, "kv_lens", false);
+    a.page_indices = Array::Open(page_indices, "page_indices", false);
+    a.cu_q_lens = Array::Open(cu_q_lens, "cu_q_lens", false);
+    a.num_seqs = Array::Open(num_seqs, "num_seqs", false);
+    return a;
+  }
+  bool split() const { return layout.has_value(); }
+};
+
+// The output: `out` itself when rpa can write it in place (and it shares no
+// memory with an input), else a contiguous scratch array copied into `out`
+// only after the call succeeded, so a rejected call never touches it.
+class Output {
+ public:
+  Output(py::handle out, const std::vector<const Array*>& inputs) : out_(out) {
+    array_ = Array::Open(out, "out", /*writable=*/true);
+    bool overlaps = array_.copied();
+    const auto [lo, hi] = array_.Extent();
+    for (const Array* input : inputs) {
+      const auto [in_lo, in_hi] = input->Extent();
+      overlaps = overlaps || (lo <= hi && in_lo <= in_hi && lo <= in_hi && in_lo <= hi);
+    }
+    if (overlaps && !array_.copied()) {
+      // Compute into scratch: a fresh contiguous array of out's kind.
+      py::object scratch;
+      if (!HasBuffer(out) && py::hasattr(out, "clone")) {
+        scratch = out.attr("clone")(py::arg("memory_format") =
+                                        py::module_::import("torch").attr("contiguous_format"));
+      } else {
+        py::module_ np = py::module_::import("numpy");
+        scratch = np.attr("array")(out, py::arg("order") = "C");
+      }
+      array_ = Array::Open(scratch, "out", true);
+    }
+    staged_ = overlaps || array_.copied();
+  }
+  const rpa::MutableTensorView& view() const { return array_.view(); }
+
+  // After success: copy the scratch result into the caller's `out`.
+  void Commit() {
+    if (!staged_) return;
+    if (!HasBuffer(out_) && py::hasattr(out_, "copy_")) {
+      out_.attr("copy_")(array_.owner());
+    } else {
+      py::module_::import("numpy").attr("copyto")(out_, array_.owner());
+    }
+  }
+
+ private:
+  py::handle out_;
+  Array array_;
+  bool staged_ = false;
+};
+
+py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::handle layout,
+                  py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
+                  py::handle num_seqs, py::handle out, const RaggedKwargs& kwargs) {
+  const rpa::AttentionOptions options = ToOptions(kwargs);
+  const RaggedArrays a =
+      RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs);
+  Output output(out, {&a.q, &a.k, &a.v, &a.kv_lens, &a.page_indices, &a.cu_q_lens,
+                      &a.num_seqs});
+  {
+    py::gil_scoped_release release;
+    if (a.split() && reference) {
+      rpa::RefRaggedPagedAttention(a.q.const_view(), a.k.const_view(), a.v.const_view(),
+                                   *a.layout, a.kv_lens.const_view(),
+                                   a.page_indices.const_view(), a.cu_q_lens.const_view(),
+                                   a.num_seqs.const_view(), options, output.view());
+    } else if (a.split()) {
+      rpa::RaggedPagedAttention(a.q.const_view(), a.k.const_view(), a.v.const_view(), *a.layout,
+                                a.kv_lens.const_view(), a.page_indices.const_view(),
+                                a.cu_q_lens.const_view(), a.num_seqs.const_view(), options,
+                                output.view());
+    } else if (reference) {
+      rpa::RefRaggedPagedAttention(a.q.const_view(), a.k.const_view(), a.kv_lens.const_view(),
+                                   a.page_indices.const_view(), a.cu_q_lens.const_view(),
+                                   a.num_seqs.const_view(), options, output.view());
+    } else {
+      rpa::RaggedPagedAttention(a.q.const_view(), a.k.const_view(), a.kv_lens.const_view(),
+                                a.page_indices.const_view(), a.cu_q_lens.const_view(),
+                                a.num_seqs.const_view(), options, output.view());
+    }
+  }
+  output.Commit();
+  return py::reinterpret_borrow<py::object>(out);
+}
+
+void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, py::handle layout,
+              py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
+              py::handle num_seqs, const RaggedKwargs& kwargs) {
+  const rpa::AttentionOptions options = ToOptions(kwargs);
+  const RaggedArrays a =
+      RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs);
+  py::gil_scoped_release release;
+  if (a.split()) {
+    if (dynamic) {
+      rpa::DynamicValidateInputs(a.q.const_view(), a.k.const_view(), a.v.const_view(),
+                                 *a.layout, a.kv_lens.const_view(),
+                                 a.page_indices.const_view(), a.cu_q_lens.const_view(),
+                                 a.num_seqs.const_view(), options);
+    } else {
+      rpa::StaticValidateInputs(a.q.const_view(), a.k.const_view(), a.v.const_view(), *a.layout,
+                                a.kv_lens.const_view(), a.page_indices.const_view(),
+                                a.cu_q_lens.const_view(), a.num_seqs.const_view(), options);
+    }
+  } else if (dynamic) {
+    rpa::DynamicValidateInputs(a.q.const_view(), a.k.const_view(), a.kv_lens.const_view(),
+                               a.page_indices.const_view(), a.cu_q_lens.const_view(),
+                               a.num_seqs.const_view(), options);
+  } else {
+    rpa::StaticValidateInputs(a.q.const_view(), a.k.const_view(), a.kv_lens.const_view(),
+                              a.page_indices.const_view(), a.cu_q_lens.const_view(),
+                              a.num_seqs.const_view(), options);
+  }
+}
+
+py::object Paged(py::handle q, py::handle k_pages, py::handle v_pages, py::handle lengths,
+                 py::handle page_indices, py::handle out, py::handle mask_value,
+                 py::handle attn_logits_soft_cap, py::handle pages_per_compute_block,
+                 py::handle megacore_mode, bool inline_seq_dim, py::handle num_threads) {
+  rpa::PagedAttentionOptions options;
+  options.mask_value = OptionalFloat(mask_value, "mask_value").value_or(rpa::kDefaultMaskValue);
+  options.attn_logits_soft_cap = OptionalFloat(attn_logits_soft_cap, "attn_logits_soft_cap");
+  const std::optional<int64_t> block =
+      OptionalInt(pages_per_compute_block, "pages_per_compute_block");
+  if (!block) {
+    throw py::type_error("pages_per_compute_block must be an int (JAX requires it too).");
+  }
+  options.pages_per_compute_block = *block;
+  if (!megacore_mode.is_none()) {
+    options.megacore_mode =
+        py::str(megacore_mode).cast<std::string>();
+  }
+  options.inline_seq_dim = inline_seq_dim;
+  options.num_threads = OptionalThreads(num_threads);
+
+  const Array aq = Array::Open(q, "q", false);
+  const Array ak = Array::Open(k_pages, "k_pages", false);
+  const Array av = Array::Open(v_pages, "v_pages", false);
+  const Array al = Array::Open(lengths, "lengths", false);
+  const Array ap = Array::Open(page_indices, "page_indices", false);
+  Output output(out, {&aq, &ak, &av, &al, &ap});
+  {
+    py::gil_scoped_release release;
+    rpa::PagedAttention(aq.const_view(), ak.const_view(), av.const_view(), al.const_view(),
+                        ap.const_view(), options, output.view());
+  }
+  output.Commit();
+  return py::reinterpret_borrow<py::object>(out);
+}
+
+// For tests and debugging: how an argument reaches the library.
+py::dict ViewInfo(py::handle obj, bool writable) {
+  const Array a = Array::Open(obj, "x", writable);
+  const rpa::MutableTensorView& v = a.view();
+  py::dict info;
+  info["data"] = reinterpret_cast<uintptr_t>(v.data);
+  info["dtype"] = std::string(rpa::ToString(v.dtype));
+  info["shape"] = std::vector<int64_t>(v.shape.begin(), v.shape.begin() + v.rank);
+  info["strides"] = std::vector<int64_t>(v.strides.begin(), v.strides.begin() + v.rank);
+  info["copied"] = a.copied();
+  return info;
+}
+
+}  // namespace
+}  // namespace rpa_python
+
+#ifndef RPA_VERSION
+#define RPA_VERSION "unknown"
+#endif
+#ifndef RPA_BUILD_TYPE
+#define RPA_BUILD_TYPE "unknown"
+#endif
+
+PYBIND11_MODULE(_rpa, m) {
+  using namespace rpa_python;
+  m.doc() = "rpa's C++ binding. Use the functions of the `rpa` package instead.";
+
+  static py::exception<rpa::Error> error(m, "Error", PyExc_ValueError);
+  error_type = error;
+  error.doc() =
+      "A rejected input: a ValueError with rpa's message (JAX's wording and a fix) and a "
+      "`kind` attribute: 'shape', 'dtype', 'layout', 'option', 'block_size', 'metadata' or "
+      "'page_index'.";
+  py::register_exception_translator(&TranslateErrors);
+
+  m.attr("DEFAULT_MASK_VALUE") = rpa::kDefaultMaskValue;
+  m.attr("__version__") = RPA_VERSION;
+  py::dict build;
+  build["version"] = RPA_VERSION;
+  build["build_type"] = RPA_BUILD_TYPE;
+#if defined(__clang__)
+  build["compiler"] = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  build["compiler"] = std::string("gcc ") + __VERSION__;
+#endif
+  build["pybind11"] = std::to_string(PYBIND11_VERSION_MAJOR) + "." +
+                      std::to_string(PYBIND11_VERSION_MINOR) + "." +
+                      std::to_string(PYBIND11_VERSION_PATCH);
+  m.attr("build_info") = build;
+
+  m.def(
+      "ragged",
+      [](bool reference, py::handle q, py::handle k, py::handle v, py::handle layout,
+         py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens, py::handle num_seqs,
+         py::handle out, py::object sm_scale, py::object sliding_window, py::object soft_cap,
+         py::object mask_value, py::object k_scale, py::object v_scale,
+         py::object num_kv_pages_per_block, py::object num_queries_per_block,
+         py::object vmem_limit_bytes, py::object num_threads) {
+        return Ragged(reference, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
+                      out,
+                      {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
+                       num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
+                       num_threads});
+      },
+      py::arg("reference"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
+      py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
+      py::arg("cu_q_lens"), py::arg("num_seqs"), py::arg("out"), py::kw_only(),
+      py::arg("sm_scale").none(true), py::arg("sliding_window").none(true),
+      py::arg("soft_cap").none(true), py::arg("mask_value").none(true),
+      py::arg("k_scale").none(true), py::arg("v_scale").none(true),
+      py::arg("num_kv_pages_per_block").none(true), py::arg("num_queries_per_block").none(true),
+      py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
+      "Runs a ragged call into `out` and returns it; see rpa.ragged_paged_attention.");
+
+  m.def(
+      "validate",
+      [](bool dynamic, py::handle q, py::handle k, py::handle v, py::handle layout,
+         py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens, py::handle num_seqs,
+         py::object sm_scale, py::object sliding_window, py::object soft_cap,
+         py::object mask_value, py::object k_scale, py::object v_scale,
+         py::object num_kv_pages_per_block, py::object num_queries_per_block,
+         py::object vmem_limit_bytes) {
+        Validate(dynamic, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
+                 {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
+                  num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, py::none()});
+      },
+      py::arg("dynamic"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
+      py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
+      py::arg("cu_q_lens"), py::arg("num_seqs"), py::kw_only(), py::arg("sm_scale").none(true),
+      py::arg("sliding_window").none(true), py::arg("soft_cap").none(true),
+      py::arg("mask_value").none(true), py::arg("k_scale").none(true),
+      py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
+      py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
+      "Static (dynamic=False) or static and dynamic checks of a ragged call.");
+
+  m.def("paged", &Paged, py::arg("q"), py::arg("k_pages"), py::arg("v_pages"),
+        py::arg("lengths"), py::arg("page_indices"), py::arg("out"), py::kw_only(),
+        py::arg("mask_value").none(true), py::arg("attn_logits_soft_cap").none(true),
+        py::arg("pages_per_compute_block").none(true), py::arg("megacore_mode").none(true),
+        py::arg("inline_seq_dim"), py::arg("num_threads").none(true),
+        "Runs JAX's paged_attention into `out` and returns it; see rpa.paged_attention.");
+
+  m.def("view_info", &ViewInfo, py::arg("x"), py::arg("writable") = false,
+        "How an array reaches the library: data pointer, dtype, shape, element strides and "
+        "whether it had to be copied. For tests and debugging.");
+}
