@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 PYTHON ?= /usr/bin/python3
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build demo test test-cpp test-asan clean
+.PHONY: all setup build demo test test-cpp test-python test-asan clean
 
 all: build
 
@@ -25,10 +25,14 @@ demo: setup
 
 test: setup
 	$(MAKE) build
-	$(MAKE) test-cpp test-asan
+	$(MAKE) test-cpp test-python test-asan
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The Python package (build/python/rpa) against its reference, numpy and torch.
+test-python:
+	PYTHONPATH=$(BUILD)/python $(PYTHON) -m pytest -q tests/python
 
 # The whole C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan:

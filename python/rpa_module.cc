@@ -163,6 +163,7 @@ class Array {
 
   // [lowest, highest] byte address the view can touch; empty views touch none.
   std::pair<uintptr_t, uintptr_t> Extent() const {
+    if (view_.data == nullptr) return {1, 0};  // Not given (e.g. v_pages of kv_pages).
     const auto base = reinterpret_cast<uintptr_t>(view_.data);
     uintptr_t lo = base, hi = base;
     const size_t item = rpa::SizeOf(view_.dtype);
@@ -209,11 +210,11 @@ Array Array::Open(py::handle obj, const std::string& name, bool writable) {
     copy = source.attr("contiguous")();
     if (copy.is(source)) copy = source.attr("clone")();
   } else {
+    // A fresh allocation: aligned, C-contiguous, native byte order.
     py::module_ np = py::module_::import("numpy");
     py::object arr = np.attr("asarray")(source);
-    copy = np.attr("ascontiguousarray")(arr, py::arg("dtype") = arr.attr("dtype").attr(
-                                                 "newbyteorder")("="));
-    if (copy.is(arr)) copy = arr.attr("copy")();
+    copy = np.attr("array")(arr, py::arg("dtype") = arr.attr("dtype").attr("newbyteorder")("="),
+                            py::arg("order") = "C", py::arg("copy") = true);
   }
   Array copied;
   if (!copied.Describe(copy, name, /*writable=*/false)) {
@@ -238,12 +239,16 @@ bool Array::DescribeBuffer(py::handle obj, const std::string& name, bool writabl
   const int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
   if (PyObject_GetBuffer(obj.ptr(), buffer_.get(), flags) != 0) {
     delete buffer_.release();  // Nothing acquired: PyBuffer_Release must not run.
-    if (writable) {
-      PyErr_Clear();
+    PyErr_Clear();
+    Py_buffer probe;
+    if (writable && PyObject_GetBuffer(obj.ptr(), &probe, PyBUF_RECORDS_RO) == 0) {
+      PyBuffer_Release(&probe);  // Readable, so it was read-only.
       ThrowValue(rpa::ErrorKind::kLayout,
                  name + " is read-only. Pass a writable array, or omit " + name + ".");
     }
-    throw py::error_already_set();
+    PyErr_Clear();
+    // NumPy refuses to export object (and a few other) dtypes.
+    ThrowUnsupportedDtype(name, DtypeRepr(obj, Repr(py::type::handle_of(obj))));
   }
   const Py_buffer& b = *buffer_;
   bool native = true;
@@ -486,8 +491,9 @@ struct RaggedArrays {
 // only after the call succeeded, so a rejected call never touches it.
 class Output {
  public:
-  Output(py::handle out, const std::vector<const Array*>& inputs) : out_(out) {
-    array_ = Array::Open(out, "out", /*writable=*/true);
+  Output(py::handle out, const std::vector<const Array*>& inputs, const std::string& name = "out")
+      : out_(out) {
+    array_ = Array::Open(out, name, /*writable=*/true);
     bool overlaps = array_.copied();
     const auto [lo, hi] = array_.Extent();
     for (const Array* input : inputs) {
@@ -504,7 +510,7 @@ class Output {
         py::module_ np = py::module_::import("numpy");
         scratch = np.attr("array")(out, py::arg("order") = "C");
       }
-      array_ = Array::Open(scratch, "out", true);
+      array_ = Array::Open(scratch, name, true);
     }
     staged_ = overlaps || array_.copied();
   }
@@ -528,12 +534,25 @@ class Output {
 
 py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::handle layout,
                   py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
-                  py::handle num_seqs, py::handle out, const RaggedKwargs& kwargs) {
-  const rpa::AttentionOptions options = ToOptions(kwargs);
+                  py::handle num_seqs, py::handle out, py::handle sinks, py::handle lse,
+                  const RaggedKwargs& kwargs) {
+  rpa::AttentionOptions options = ToOptions(kwargs);
   const RaggedArrays a =
       RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs);
-  Output output(out, {&a.q, &a.k, &a.v, &a.kv_lens, &a.page_indices, &a.cu_q_lens,
-                      &a.num_seqs});
+  Array sinks_array;
+  if (!sinks.is_none()) {
+    sinks_array = Array::Open(sinks, "sinks", false);
+    options.sinks = sinks_array.const_view();
+  }
+  const std::vector<const Array*> inputs = {&a.q,         &a.k,         &a.v,
+                                            &a.kv_lens,   &a.page_indices, &a.cu_q_lens,
+                                            &a.num_seqs,  &sinks_array};
+  Output output(out, inputs);
+  std::optional<Output> lse_output;
+  if (!lse.is_none()) {
+    lse_output.emplace(lse, inputs, "lse");
+    options.lse = lse_output->view();
+  }
   {
     py::gil_scoped_release release;
     if (a.split() && reference) {
@@ -557,15 +576,21 @@ py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::
     }
   }
   output.Commit();
+  if (lse_output) lse_output->Commit();
   return py::reinterpret_borrow<py::object>(out);
 }
 
 void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, py::handle layout,
               py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
-              py::handle num_seqs, const RaggedKwargs& kwargs) {
-  const rpa::AttentionOptions options = ToOptions(kwargs);
+              py::handle num_seqs, py::handle sinks, const RaggedKwargs& kwargs) {
+  rpa::AttentionOptions options = ToOptions(kwargs);
   const RaggedArrays a =
       RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs);
+  Array sinks_array;
+  if (!sinks.is_none()) {
+    sinks_array = Array::Open(sinks, "sinks", false);
+    options.sinks = sinks_array.const_view();
+  }
   py::gil_scoped_release release;
   if (a.split()) {
     if (dynamic) {
@@ -678,12 +703,13 @@ PYBIND11_MODULE(_rpa, m) {
       "ragged",
       [](bool reference, py::handle q, py::handle k, py::handle v, py::handle layout,
          py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens, py::handle num_seqs,
-         py::handle out, py::object sm_scale, py::object sliding_window, py::object soft_cap,
-         py::object mask_value, py::object k_scale, py::object v_scale,
-         py::object num_kv_pages_per_block, py::object num_queries_per_block,
-         py::object vmem_limit_bytes, py::object num_threads) {
+         py::handle out, py::handle sinks, py::handle lse, py::object sm_scale,
+         py::object sliding_window, py::object soft_cap, py::object mask_value,
+         py::object k_scale, py::object v_scale, py::object num_kv_pages_per_block,
+         py::object num_queries_per_block, py::object vmem_limit_bytes,
+         py::object num_threads) {
         return Ragged(reference, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
-                      out,
+                      out, sinks, lse,
                       {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
                        num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
                        num_threads});
@@ -691,6 +717,7 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("reference"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
       py::arg("cu_q_lens"), py::arg("num_seqs"), py::arg("out"), py::kw_only(),
+      py::arg("sinks").none(true) = py::none(), py::arg("lse").none(true) = py::none(),
       py::arg("sm_scale").none(true), py::arg("sliding_window").none(true),
       py::arg("soft_cap").none(true), py::arg("mask_value").none(true),
       py::arg("k_scale").none(true), py::arg("v_scale").none(true),
@@ -702,17 +729,18 @@ PYBIND11_MODULE(_rpa, m) {
       "validate",
       [](bool dynamic, py::handle q, py::handle k, py::handle v, py::handle layout,
          py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens, py::handle num_seqs,
-         py::object sm_scale, py::object sliding_window, py::object soft_cap,
+         py::handle sinks, py::object sm_scale, py::object sliding_window, py::object soft_cap,
          py::object mask_value, py::object k_scale, py::object v_scale,
          py::object num_kv_pages_per_block, py::object num_queries_per_block,
          py::object vmem_limit_bytes) {
-        Validate(dynamic, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
+        Validate(dynamic, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs, sinks,
                  {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
                   num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, py::none()});
       },
       py::arg("dynamic"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
-      py::arg("cu_q_lens"), py::arg("num_seqs"), py::kw_only(), py::arg("sm_scale").none(true),
+      py::arg("cu_q_lens"), py::arg("num_seqs"), py::kw_only(),
+      py::arg("sinks").none(true) = py::none(), py::arg("sm_scale").none(true),
       py::arg("sliding_window").none(true), py::arg("soft_cap").none(true),
       py::arg("mask_value").none(true), py::arg("k_scale").none(true),
       py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),

@@ -65,6 +65,32 @@ def _split_kv(kv_pages, kv_layout):
   return _as_array(kv_pages), None
 
 
+def _lse_like(q):
+  """float32[q.shape[0], q.shape[1]] of q's kind."""
+  shape = tuple(q.shape[:2])
+  if _is_torch(q):
+    import torch
+
+    return q.new_empty(shape, dtype=torch.float32)
+  import numpy as np
+
+  return np.empty(shape, np.float32)
+
+
+def _ragged(reference, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
+            sinks, return_lse, out, **options):
+  k, v = _split_kv(kv_pages, kv_layout)
+  q = _as_array(q)
+  if out is None:
+    out = _empty_like(q)
+  lse = _lse_like(q) if return_lse else None
+  result = _rpa.ragged(
+      reference, q, k, v, kv_layout, _as_array(kv_lens), _as_array(page_indices),
+      _as_array(cu_q_lens), _as_array(num_seqs), out,
+      sinks=None if sinks is None else _as_array(sinks), lse=lse, **options)
+  return (result, lse) if return_lse else result
+
+
 _KV_PAGES_DOC = """kv_pages: the paged KV cache, one of
       - JAX's combined layout: an array of shape
         [total_num_pages, page_size, 2 * num_kv_heads, head_dim], where combined
@@ -93,6 +119,8 @@ def ragged_paged_attention(
     num_queries_per_block: int | None = None,
     vmem_limit_bytes: int | None = None,
     kv_layout: str | None = None,
+    sinks=None,
+    return_lse: bool = False,
     num_threads: int | None = None,
     out=None,
 ):
@@ -126,6 +154,11 @@ def ragged_paged_attention(
     kv_layout: rpa's: for a `(k_pages, v_pages)` pair, "NHD" (the default,
       [num_pages, page_size, num_kv_heads, head_dim]) or "HND"
       ([num_pages, num_kv_heads, page_size, head_dim]).
+    sinks: rpa's: float32[num_q_heads] attention sinks, one raw logit per q
+      head that joins each row's softmax denominator only (no value, no
+      sm_scale, no soft cap), as in gpt-oss, FlashInfer and ggml; None for
+      none.
+    return_lse: rpa's: also return the log-sum-exp of each row.
     num_threads: rpa's: worker threads; None uses RPA_NUM_THREADS, else every
       core.
     out: rpa's: an array like q to write the result into (and return);
@@ -134,20 +167,18 @@ def ragged_paged_attention(
   Returns:
     The attention output, of q's shape and dtype and of q's kind (a torch
     tensor for torch inputs, else a NumPy array). Rows that belong to no
-    sequence are zero.
+    sequence are zero. With return_lse, a pair (output, lse): lse is
+    float32[max_num_batched_tokens, num_q_heads], the natural log of each
+    row's softmax denominator over its keys (sinks excluded); -inf for rows
+    that see no key and for padding rows.
 
   Raises:
     ValueError (rpa.Error): any invalid input, with JAX's message where JAX
       has one and a sentence on how to fix it. Nothing is written first.
   """
-  k, v = _split_kv(kv_pages, kv_layout)
-  q = _as_array(q)
-  if out is None:
-    out = _empty_like(q)
-  return _rpa.ragged(
-      False, q, k, v, kv_layout, _as_array(kv_lens), _as_array(page_indices),
-      _as_array(cu_q_lens), _as_array(num_seqs), out,
-      sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+  return _ragged(
+      False, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, sinks,
+      return_lse, out, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
       mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
@@ -172,6 +203,8 @@ def ref_ragged_paged_attention(
     num_queries_per_block: int | None = None,
     vmem_limit_bytes: int | None = None,
     kv_layout: str | None = None,
+    sinks=None,
+    return_lse: bool = False,
     num_threads: int | None = None,
     out=None,
 ):
@@ -192,7 +225,8 @@ def ref_ragged_paged_attention(
     num_seqs: int32[1].
     sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
     num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
-    kv_layout, num_threads, out: as for `ragged_paged_attention`.
+    kv_layout, sinks, return_lse, num_threads, out: as for
+    `ragged_paged_attention`.
 
   Returns:
     An array of queries' shape, dtype and kind. Unlike JAX's reference, which
@@ -202,14 +236,9 @@ def ref_ragged_paged_attention(
   Raises:
     ValueError (rpa.Error): any invalid input; nothing is written first.
   """
-  k, v = _split_kv(kv_pages, kv_layout)
-  queries = _as_array(queries)
-  if out is None:
-    out = _empty_like(queries)
-  return _rpa.ragged(
-      True, queries, k, v, kv_layout, _as_array(kv_lens), _as_array(page_indices),
-      _as_array(cu_q_lens), _as_array(num_seqs), out,
-      sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+  return _ragged(
+      True, queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, sinks,
+      return_lse, out, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
       mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
@@ -217,11 +246,11 @@ def ref_ragged_paged_attention(
 
 
 def _validate(dynamic, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
-              **options):
+              sinks, **options):
   k, v = _split_kv(kv_pages, kv_layout)
   _rpa.validate(dynamic, _as_array(q), k, v, kv_layout, _as_array(kv_lens),
                 _as_array(page_indices), _as_array(cu_q_lens), _as_array(num_seqs),
-                **options)
+                sinks=None if sinks is None else _as_array(sinks), **options)
 
 
 def static_validate_inputs(
@@ -242,6 +271,7 @@ def static_validate_inputs(
     num_queries_per_block: int | None = None,
     vmem_limit_bytes: int | None = None,
     kv_layout: str | None = None,
+    sinks=None,
 ):
   """Checks shapes, dtypes, layouts and options, without reading the metadata.
 
@@ -258,7 +288,7 @@ def static_validate_inputs(
     ValueError (rpa.Error): the first failed check, with JAX's message
       (e.g. "num_kv_pages_per_block=64 must be in range (0, 32].") and a fix.
   """
-  _validate(False, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
+  _validate(False, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, sinks,
             sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
@@ -283,6 +313,7 @@ def dynamic_validate_inputs(
     num_queries_per_block: int | None = None,
     vmem_limit_bytes: int | None = None,
     kv_layout: str | None = None,
+    sinks=None,
 ):
   """The static checks, then the metadata's values.
 
@@ -299,7 +330,7 @@ def dynamic_validate_inputs(
     ValueError (rpa.Error): the first failed check, e.g.
       "q_len=5 must be less or equal to kv_len=3 at sequence 2.", and a fix.
   """
-  _validate(True, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
+  _validate(True, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, sinks,
             sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
