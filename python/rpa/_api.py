@@ -52,7 +52,9 @@ def _empty_like(q):
     return q.new_empty(tuple(q.shape))
   import numpy as np
 
-  a = q if isinstance(q, np.ndarray) else np.asarray(q)
+  if _is_array(q):  # NumPy, or e.g. a JAX array: no need to convert q itself.
+    return np.empty(tuple(q.shape), np.dtype(q.dtype))
+  a = np.asarray(q)
   return np.empty(a.shape, a.dtype)
 
 
