@@ -2,11 +2,22 @@
 # (scripts/setup.sh), configure and build; plain `make` only builds.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
 JOBS ?= $(shell nproc)
 PYTHON ?= /usr/bin/python3
 CMAKE_FLAGS ?=
+# Fuzzing (docs/robustness.md): seconds per fuzzer for `make fuzz`, and the
+# open findings the runs look past (RPA_FUZZ_KNOWN; empty to hit them).
+FUZZ_SECONDS ?= 60
+TEST_FUZZ_SECONDS ?= 40
+FUZZ_KNOWN ?= nan_dropped,window_int32,inf_soft_cap,huge_q_block
+FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer
+# The threaded kernel and the concurrency tests under ThreadSanitizer.
+TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:Concurrency*
 
-.PHONY: all setup build demo test test-cpp test-python test-asan clean
+.PHONY: all setup build demo test test-cpp test-python test-asan test-tsan test-fuzz fuzz \
+	fuzz-build clean
 
 all: build
 
@@ -25,7 +36,7 @@ demo: setup
 
 test: setup
 	$(MAKE) build
-	$(MAKE) test-cpp test-python test-asan
+	$(MAKE) test-cpp test-python test-asan test-tsan test-fuzz
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -41,5 +52,36 @@ test-asan:
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target rpa_tests
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# The threaded kernel and the concurrency tests under ThreadSanitizer.
+test-tsan:
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DRPA_SANITIZE=thread -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target rpa_tests
+	TSAN_OPTIONS=halt_on_error=1 ./$(TSAN_BUILD)/tests/rpa_tests --gtest_filter='$(TSAN_FILTER)'
+
+# libFuzzer targets with ASan+UBSan (clang): each runs FUZZ_SECONDS from its
+# seed corpus (fuzz/corpus/<fuzzer>) and stops make on any finding.
+fuzz-build:
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DRPA_FUZZ=ON -DRPA_BUILD_TESTS=OFF -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZERS)
+
+fuzz: setup fuzz-build
+	@set -e; for f in $(FUZZERS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$f $(FUZZ_BUILD)/findings; \
+	  echo "fuzz: $$f for $(FUZZ_SECONDS) s"; \
+	  RPA_FUZZ_KNOWN=$(FUZZ_KNOWN) ./$(FUZZ_BUILD)/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) \
+	    -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/findings/$$f- \
+	    $(FUZZ_BUILD)/corpus/$$f fuzz/corpus/$$f > $(FUZZ_BUILD)/findings/$$f.log 2>&1 \
+	    || { grep -v '^#[0-9]' $(FUZZ_BUILD)/findings/$$f.log | tail -n 60; \
+	         echo "fuzz: $$f found a bug; input in $(FUZZ_BUILD)/findings"; exit 1; }; \
+	  grep '^stat::\|^Done\|cov:' $(FUZZ_BUILD)/findings/$$f.log | tail -n 4; \
+	done
+
+# A bounded run of every fuzzer, part of `make test`.
+test-fuzz:
+	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
