@@ -1,0 +1,452 @@
+// The attention kernel for one task, compiled once per Highway target
+// (attention.cc includes this through hwy/foreach_target.h).
+//
+// A task's rows R = (query tokens of its tile) x (G q heads of its kv head).
+// Per KV tile of n keys (row pointers k_i, v_i into the pages):
+//   S[r][i] = (q_r . k_i) * sm_scale * k_scale      // Logits*
+//   S = soft_cap ? c * tanh(S / c) : S; masked keys: -inf (skipped when
+//   mask_value <= -1e4, SPEC §1) or S + mask_value
+//   m' = max(m, max_i S[r][i]);  alpha = exp(m - m')
+//   P[r][i] = exp(S[r][i] - m');  l = alpha * l + sum_i P[r][i]
+//   acc_r = alpha * acc_r + sum_i P[r][i] * v_i       // Pv*
+// and at the end out_r = acc_r * v_scale / l (0 when l == 0: no key visible).
+// k_scale and v_scale are folded into the logit and output scale: q.(s k)
+// = s (q.k), so K/V are never rescaled element by element.
+//
+// Logits and PV come in two flavours: the Highway f32-FMA loops below
+// (K/V converted to f32 in registers) and, for bf16 K/V on CPUs with
+// AVX-512 BF16, the vdpbf16ps loops of avx512_bf16.cc.
+
+#if defined(RPA_SRC_KERNEL_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef RPA_SRC_KERNEL_ATTENTION_INL_H_
+#undef RPA_SRC_KERNEL_ATTENTION_INL_H_
+#else
+#define RPA_SRC_KERNEL_ATTENTION_INL_H_
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "kernel/kernel.h"
+#include "problem.h"
+#include "rpa/dtype.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace rpa::internal {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// hwy's storage type for a K/V dtype computed in f32.
+template <DType kDtype>
+using HwyElem = std::conditional_t<
+    kDtype == DType::kF32, float,
+    std::conditional_t<kDtype == DType::kBF16, hwy::bfloat16_t, hwy::float16_t>>;
+
+// Lanes [0, Lanes(df)) of a row, converted to f32 in registers.
+template <typename T>
+HWY_INLINE VF LoadF32(DF df, const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(df, p);
+  } else {
+    const hn::Rebind<T, DF> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, p));
+  }
+}
+
+// The first `count` (< Lanes) elements, zeros after; reads nothing beyond.
+template <typename T>
+HWY_INLINE VF LoadF32Tail(DF df, const T* p, size_t count) {
+  T buf[64];  // >= the most f32 lanes of any target here.
+  std::memset(static_cast<void*>(buf), 0, sizeof(buf));
+  std::memcpy(static_cast<void*>(buf), p, count * sizeof(T));
+  return LoadF32(df, buf);
+}
+
+// S[r][t] = dot(q_r, k_t) for kRows rows. q rows are zero padded to
+// dim_pad >= RoundUp(head_dim, Lanes).
+template <int kRows, typename T>
+HWY_INLINE void LogitsRows(const float* q, int64_t q_stride, const void* const* k_rows,
+                           int64_t tokens, int64_t head_dim, float* s, int64_t s_stride) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t body = head_dim / lanes * lanes;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* k = static_cast<const T*>(k_rows[t]);
+    VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    auto step = [&](int64_t d, VF kv) HWY_ATTR {
+      a0 = hn::MulAdd(hn::LoadU(df, q + d), kv, a0);
+      if constexpr (kRows > 1) a1 = hn::MulAdd(hn::LoadU(df, q + q_stride + d), kv, a1);
+      if constexpr (kRows > 2) a2 = hn::MulAdd(hn::LoadU(df, q + 2 * q_stride + d), kv, a2);
+      if constexpr (kRows > 3) a3 = hn::MulAdd(hn::LoadU(df, q + 3 * q_stride + d), kv, a3);
+    };
+    for (int64_t d = 0; d < body; d += lanes) step(d, LoadF32(df, k + d));
+    if (body < head_dim) {
+      step(body, LoadF32Tail(df, k + body, static_cast<size_t>(head_dim - body)));
+    }
+    s[t] = hn::GetLane(hn::SumOfLanes(df, a0));
+    if constexpr (kRows > 1) s[s_stride + t] = hn::GetLane(hn::SumOfLanes(df, a1));
+    if constexpr (kRows > 2) s[2 * s_stride + t] = hn::GetLane(hn::SumOfLanes(df, a2));
+    if constexpr (kRows > 3) s[3 * s_stride + t] = hn::GetLane(hn::SumOfLanes(df, a3));
+  }
+}
+
+template <typename T>
+HWY_NOINLINE void Logits(const float* q, int64_t q_stride, int64_t rows,
+                         const void* const* k_rows, int64_t tokens, int64_t head_dim, float* s,
+                         int64_t s_stride) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    LogitsRows<4, T>(q + r * q_stride, q_stride, k_rows, tokens, head_dim, s + r * s_stride,
+                     s_stride);
+  }
+  const float* qr = q + r * q_stride;
+  float* sr = s + r * s_stride;
+  switch (rows - r) {
+    case 3: LogitsRows<3, T>(qr, q_stride, k_rows, tokens, head_dim, sr, s_stride); break;
+    case 2: LogitsRows<2, T>(qr, q_stride, k_rows, tokens, head_dim, sr, s_stride); break;
+    case 1: LogitsRows<1, T>(qr, q_stride, k_rows, tokens, head_dim, sr, s_stride); break;
+    default: break;
+  }
+}
+
+// acc_r += sum_t p[r][t] * v_t for kRows rows; one V chunk load feeds every
+// row, and the accumulators stay in registers across the tile's keys.
+template <int kRows, typename T>
+HWY_INLINE void PvRows(const float* p, int64_t p_stride, const void* const* v_rows,
+                       int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t d = 0; d < head_dim; d += lanes) {
+    const bool full = d + lanes <= head_dim;
+    const size_t tail = static_cast<size_t>(head_dim - d);
+    VF a0 = hn::LoadU(df, acc + d), a1 = a0, a2 = a0, a3 = a0;
+    if constexpr (kRows > 1) a1 = hn::LoadU(df, acc + acc_stride + d);
+    if constexpr (kRows > 2) a2 = hn::LoadU(df, acc + 2 * acc_stride + d);
+    if constexpr (kRows > 3) a3 = hn::LoadU(df, acc + 3 * acc_stride + d);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const T* v = static_cast<const T*>(v_rows[t]) + d;
+      const VF vv = full ? LoadF32(df, v) : LoadF32Tail(df, v, tail);
+      a0 = hn::MulAdd(hn::Set(df, p[t]), vv, a0);
+      if constexpr (kRows > 1) a1 = hn::MulAdd(hn::Set(df, p[p_stride + t]), vv, a1);
+      if constexpr (kRows > 2) a2 = hn::MulAdd(hn::Set(df, p[2 * p_stride + t]), vv, a2);
+      if constexpr (kRows > 3) a3 = hn::MulAdd(hn::Set(df, p[3 * p_stride + t]), vv, a3);
+    }
+    hn::StoreU(a0, df, acc + d);
+    if constexpr (kRows > 1) hn::StoreU(a1, df, acc + acc_stride + d);
+    if constexpr (kRows > 2) hn::StoreU(a2, df, acc + 2 * acc_stride + d);
+    if constexpr (kRows > 3) hn::StoreU(a3, df, acc + 3 * acc_stride + d);
+  }
+}
+
+template <typename T>
+HWY_NOINLINE void Pv(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
+                     int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    PvRows<4, T>(p + r * p_stride, p_stride, v_rows, tokens, head_dim, acc + r * acc_stride,
+                 acc_stride);
+  }
+  const float* pr = p + r * p_stride;
+  float* ar = acc + r * acc_stride;
+  switch (rows - r) {
+    case 3: PvRows<3, T>(pr, p_stride, v_rows, tokens, head_dim, ar, acc_stride); break;
+    case 2: PvRows<2, T>(pr, p_stride, v_rows, tokens, head_dim, ar, acc_stride); break;
+    case 1: PvRows<1, T>(pr, p_stride, v_rows, tokens, head_dim, ar, acc_stride); break;
+    default: break;
+  }
+}
+
+// Rounds to the nearest bf16, ties to even (p in [0, 1]: no overflow): the
+// bf16 PV path reads the high halves of these f32s.
+HWY_INLINE VF RoundToBf16(DF df, VF x) {
+  const hn::RebindToUnsigned<DF> du;
+  auto bits = hn::BitCast(du, x);
+  const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  bits = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), odd));
+  return hn::BitCast(df, hn::And(bits, hn::Set(du, 0xFFFF0000u)));
+}
+
+struct SoftmaxParams {
+  float logit_scale;  // sm_scale * k_scale.
+  float soft_cap;     // 0: none.
+  float mask_value;
+  bool vanish;        // Masked keys get weight exactly 0.
+  int64_t window;     // 0: none.
+  bool round_bf16;    // Weights feed the bf16 PV path.
+};
+
+// Turns row r's logits S[0, n) of keys [t0, t0 + n) into weights in place
+// and updates m, l and the accumulator row. pos: the row's query position.
+HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t t0, int64_t n,
+                           int64_t n_pad, float* s, float* m, float* l, float* acc,
+                           int64_t dim_pad) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const VF neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+  const VF scale = hn::Set(df, sp.logit_scale);
+  // Keys t with t > pos (causal) or t <= pos - window are masked.
+  const bool any_masked = t0 + n - 1 > pos || (sp.window > 0 && t0 <= pos - sp.window);
+  const auto iota = hn::Iota(di, 0);
+  VF vmax = neg_inf;
+  for (int64_t i = 0; i < n_pad; i += lanes) {
+    VF x = hn::Mul(hn::LoadU(df, s + i), scale);
+    if (sp.soft_cap != 0.0f) {
+      const VF cap = hn::Set(df, sp.soft_cap);
+      x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
+    }
+    const auto index = hn::Add(iota, hn::Set(di, static_cast<int32_t>(i)));
+    const auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
+    if (any_masked) {
+      const auto t = hn::Add(index, hn::Set(di, static_cast<int32_t>(t0)));
+      auto masked = hn::Gt(t, hn::Set(di, static_cast<int32_t>(pos)));
+      if (sp.window > 0) {
+        masked = hn::Or(masked,
+                        hn::Lt(t, hn::Set(di, static_cast<int32_t>(pos - sp.window + 1))));
+      }
+      const auto masked_f = hn::RebindMask(df, masked);
+      x = sp.vanish ? hn::IfThenElse(masked_f, neg_inf, x)
+                    : hn::IfThenElse(masked_f, hn::Add(x, hn::Set(df, sp.mask_value)), x);
+    }
+    x = hn::IfThenElse(valid, x, neg_inf);
+    hn::StoreU(x, df, s + i);
+    vmax = hn::Max(vmax, x);
+  }
+  const float m_old = *m;
+  const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(df, vmax)));
+  if (m_new == -std::numeric_limits<float>::infinity()) {
+    // No key of this row visible yet: weights 0, state unchanged.
+    for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;
+    return;
+  }
+  const VF vm = hn::Set(df, m_new);
+  VF vsum = hn::Zero(df);
+  for (int64_t i = 0; i < n_pad; i += lanes) {
+    const VF x = hn::LoadU(df, s + i);
+    const VF p = hn::Exp(df, hn::Sub(x, vm));  // exp(-inf) = 0 for masked keys.
+    // l sums the exact weights, so the LSE stays f32-accurate; PV on the
+    // bf16 path multiplies them rounded (relative error <= 2^-9 each).
+    vsum = hn::Add(vsum, p);
+    hn::StoreU(sp.round_bf16 ? RoundToBf16(df, p) : p, df, s + i);
+  }
+  const float alpha = m_old == -std::numeric_limits<float>::infinity() ? 0.0f
+                                                                      : std::exp(m_old - m_new);
+  *m = m_new;
+  *l = *l * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
+  if (alpha != 1.0f) {
+    const VF va = hn::Set(df, alpha);
+    for (int64_t d = 0; d < dim_pad; d += lanes) {
+      hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), va), df, acc + d);
+    }
+  }
+}
+
+// A 256-entry table per 8-bit K/V dtype: the exact f32 of every code.
+inline const float* ByteTable(DType dtype) {
+  static const auto make = [](DType t) {
+    static float tables[3][256];
+    const int which = t == DType::kF8E4M3FN ? 0 : t == DType::kF8E5M2 ? 1 : 2;
+    for (int code = 0; code < 256; ++code) {
+      const uint8_t byte = static_cast<uint8_t>(code);
+      tables[which][code] = LoadAsF32(t, &byte, 0);
+    }
+    return tables[which];
+  };
+  static const float* e4m3 = make(DType::kF8E4M3FN);
+  static const float* e5m2 = make(DType::kF8E5M2);
+  static const float* i8 = make(DType::kI8);
+  return dtype == DType::kF8E4M3FN ? e4m3 : dtype == DType::kF8E5M2 ? e5m2 : i8;
+}
+
+// Converts the rows of an 8-bit K or V tile into f32 scratch rows and
+// repoints the row pointers there (the simple path for quantized caches).
+inline void ConvertByteRows(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
+                            float* dst, int64_t dim_pad) {
+  const float* table = ByteTable(dtype);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const uint8_t* src = static_cast<const uint8_t*>(rows[t]);
+    float* out = dst + t * dim_pad;
+    for (int64_t d = 0; d < head_dim; ++d) out[d] = table[src[d]];
+    rows[t] = out;
+  }
+}
+
+inline void LogitsDispatch(DType kv, const float* q, int64_t q_stride, int64_t rows,
+                           const void* const* k_rows, int64_t tokens, int64_t head_dim,
+                           float* s, int64_t s_stride) {
+  switch (kv) {
+    case DType::kBF16:
+      return Logits<hwy::bfloat16_t>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
+    case DType::kF16:
+      return Logits<hwy::float16_t>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
+    default:  // f32, and 8-bit types already converted to f32 rows.
+      return Logits<float>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
+  }
+}
+
+inline void PvDispatch(DType kv, const float* p, int64_t p_stride, int64_t rows,
+                       const void* const* v_rows, int64_t tokens, int64_t head_dim, float* acc,
+                       int64_t acc_stride) {
+  switch (kv) {
+    case DType::kBF16:
+      return Pv<hwy::bfloat16_t>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
+    case DType::kF16:
+      return Pv<hwy::float16_t>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
+    default:
+      return Pv<float>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
+  }
+}
+
+inline const uint8_t* ElementPtr(const void* base, DType dtype, int64_t offset) {
+  return static_cast<const uint8_t*>(base) + offset * static_cast<int64_t>(SizeOf(dtype));
+}
+
+// Writes f32 values as `count` elements of `dtype` at dst.
+inline void StoreRow(DType dtype, void* dst, const float* src, int64_t count) {
+  switch (dtype) {
+    case DType::kF32: std::memcpy(dst, src, sizeof(float) * count); return;
+    case DType::kBF16: {
+      BF16* out = static_cast<BF16*>(dst);
+      for (int64_t d = 0; d < count; ++d) out[d] = BF16FromF32(src[d]);
+      return;
+    }
+    default:
+      for (int64_t d = 0; d < count; ++d) StoreFromF32(dtype, dst, d, src[d]);
+      return;
+  }
+}
+
+HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, int64_t kv_block,
+                          KernelPath path, const WorkerScratch& ws, float* partials) {
+  const int64_t G = pr.QueriesPerKvHead();
+  const int64_t D = pr.head_dim;
+  const int64_t dim_pad = ws.dim_pad;
+  const int64_t rows = (task.q_end - task.q_begin) * G;
+  const int64_t q_start = pr.cu_q_lens[task.seq];
+  const int64_t q_len = pr.cu_q_lens[task.seq + 1] - q_start;
+  const int64_t kv_len = pr.kv_lens[task.seq];
+  const bool bf16_path = path == KernelPath::kAvx512Bf16 && pr.kv_dtype == DType::kBF16;
+  const bool byte_kv = SizeOf(pr.kv_dtype) == 1;
+
+  // Q rows: row r = (token q_begin + r / G, q head kv_head * G + r % G).
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = q_start + task.q_begin + r / G;
+    const int64_t head = task.kv_head * G + r % G;
+    const int64_t offset = token * pr.q_token_stride + head * pr.q_head_stride;
+    float* q = ws.q + r * dim_pad;
+    for (int64_t d = 0; d < D; ++d) q[d] = LoadAsF32(pr.q_dtype, pr.q, offset + d);
+    for (int64_t d = D; d < dim_pad; ++d) q[d] = 0.0f;
+    if (bf16_path) {
+      for (int64_t d = 0; d < dim_pad; ++d) {
+        const BF16 hi = BF16FromF32(q[d]);
+        ws.q_hi[r * dim_pad + d] = hi.bits;
+        ws.q_lo[r * dim_pad + d] = BF16FromF32(q[d] - F32FromBF16(hi)).bits;
+      }
+    }
+    ws.m[r] = -std::numeric_limits<float>::infinity();
+    ws.l[r] = 0.0f;
+    std::memset(ws.acc + r * dim_pad, 0, sizeof(float) * dim_pad);
+  }
+  const uint16_t* q_lo = pr.q_dtype == DType::kBF16 ? nullptr : ws.q_lo;  // Else exactly 0.
+
+  SoftmaxParams sp;
+  sp.logit_scale = pr.sm_scale * pr.k_scale;
+  sp.soft_cap = pr.soft_cap;
+  sp.mask_value = pr.mask_value;
+  sp.vanish = pr.MaskedKeysVanish();
+  sp.window = pr.sliding_window;
+  sp.round_bf16 = bf16_path;
+
+  const int64_t s_stride = ws.token_pad;
+  for (int64_t t0 = task.kv_begin; t0 < task.kv_end;) {
+    const int64_t t1 = std::min<int64_t>(task.kv_end, (t0 / kv_block + 1) * kv_block);
+    const int64_t n = t1 - t0;
+    // Row pointers of the tile's keys: only keys below kv_len are ever read.
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = t0 + i;
+      const int64_t page = pr.PageIndex(task.seq, t / pr.page_size);
+      const int64_t slot = t % pr.page_size;
+      ws.k_rows[i] = ElementPtr(pr.k.data, pr.kv_dtype, pr.k.Offset(page, slot, task.kv_head));
+      ws.v_rows[i] = ElementPtr(pr.v.data, pr.kv_dtype, pr.v.Offset(page, slot, task.kv_head));
+    }
+    if (bf16_path) {
+      Bf16Logits(ws.q_hi, q_lo, dim_pad, rows, ws.k_rows, n, D, ws.s, s_stride);
+    } else {
+      if (byte_kv) ConvertByteRows(pr.kv_dtype, ws.k_rows, n, D, ws.kv_f32, dim_pad);
+      LogitsDispatch(byte_kv ? DType::kF32 : pr.kv_dtype, ws.q, dim_pad, rows, ws.k_rows, n, D,
+                     ws.s, s_stride);
+    }
+    const int64_t n_pad = RoundUp(n, static_cast<int64_t>(hn::Lanes(DF())));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = kv_len - q_len + task.q_begin + r / G;
+      SoftmaxRow(sp, pos, t0, n, n_pad, ws.s + r * s_stride, ws.m + r, ws.l + r,
+                 ws.acc + r * dim_pad, dim_pad);
+    }
+    if (bf16_path) {
+      Bf16AccumulatePV(ws.s, s_stride, rows, ws.v_rows, n, D, ws.acc, dim_pad);
+    } else {
+      if (byte_kv) ConvertByteRows(pr.kv_dtype, ws.v_rows, n, D, ws.kv_f32, dim_pad);
+      PvDispatch(byte_kv ? DType::kF32 : pr.kv_dtype, ws.s, s_stride, rows, ws.v_rows, n, D,
+                 ws.acc, dim_pad);
+    }
+    t0 = t1;
+  }
+
+  // Back to natural dimension order (the bf16 PV path interleaves it).
+  if (bf16_path) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* acc = ws.acc + r * dim_pad;
+      for (int64_t c = 0; c < dim_pad; c += 32) {
+        float chunk[32];
+        std::memcpy(chunk, acc + c, sizeof(chunk));
+        for (int64_t i = 0; i < 32; ++i) acc[c + i] = chunk[Bf16AccIndex(i)];
+      }
+    }
+  }
+
+  if (task.partial_offset >= 0) {
+    float* out = partials + task.partial_offset;
+    std::memcpy(out, ws.m, sizeof(float) * rows);
+    std::memcpy(out + rows, ws.l, sizeof(float) * rows);
+    std::memcpy(out + 2 * rows, ws.acc, sizeof(float) * rows * dim_pad);
+    return;
+  }
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float l = ws.l[r];
+    const int64_t token = q_start + task.q_begin + r / G;
+    const int64_t head = task.kv_head * G + r % G;
+    // A sink joins the denominator only (SPEC §1), in the frame of m.
+    const float denominator =
+        pr.sinks != nullptr && l > 0.0f ? l + std::exp(pr.sinks[head] - ws.m[r]) : l;
+    const float out_scale = l > 0.0f ? pr.v_scale / denominator : 0.0f;
+    if (pr.lse != nullptr) {
+      pr.lse[token * pr.lse_token_stride + head] =
+          l > 0.0f ? ws.m[r] + std::log(l) : -std::numeric_limits<float>::infinity();
+    }
+    float* acc = ws.acc + r * dim_pad;
+    for (int64_t d = 0; d < dim_pad; d += lanes) {
+      hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), hn::Set(df, out_scale)), df, acc + d);
+    }
+    void* dst = static_cast<uint8_t*>(pr.out) +
+                (token * pr.out_token_stride + head * pr.out_head_stride) *
+                    static_cast<int64_t>(SizeOf(pr.q_dtype));
+    StoreRow(pr.q_dtype, dst, acc, D);
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace rpa::internal
+HWY_AFTER_NAMESPACE();
+
+#endif  // RPA_SRC_KERNEL_ATTENTION_INL_H_

@@ -1,0 +1,240 @@
+// The AVX-512 BF16 path: QK^T and PV on bf16 K/V with vdpbf16ps, which
+// multiplies pairs of bf16 and adds both products to an f32 lane. Debian's
+// Highway 1.0.3 emulates bf16 dot products, so this sits beside the Highway
+// kernels: intrinsics in functions compiled for the instructions they use,
+// called only when CpuHasAvx512Bf16() (never -march=native for the file).
+//
+// Logits: a block of kRows rows x kTokens keys (kRows * kTokens = 16) keeps
+// 16 accumulators; each K chunk is loaded once per row block and each q chunk
+// once per key block, and one transpose-and-add tree turns the 16
+// accumulators into one vector of 16 logits (instead of 16 horizontal sums).
+//
+// PV: vdpbf16ps sums over pairs of keys, so V rows t and t+1 are interleaved
+// in registers (vpunpck{l,h}wd); the accumulator then holds each 32-dim chunk
+// in the order Bf16AccIndex describes, undone once per task.
+#include <cstdint>
+#include <cstring>
+
+#include "kernel/kernel.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+// GCC 12's _mm512_undefined_* are written `__m512 __Y = __Y;`, which
+// -Wuninitialized flags wherever they inline (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
+#include <immintrin.h>
+#define RPA_HAVE_X86 1
+#else
+#define RPA_HAVE_X86 0
+#endif
+
+namespace rpa::internal {
+
+#if RPA_HAVE_X86
+
+bool CpuHasAvx512Bf16() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(1, 0, eax, ebx, ecx, edx);
+    const bool osxsave = (ecx >> 27) & 1;
+    if (!osxsave) return false;
+    unsigned xcr0_lo = 0, xcr0_hi = 0;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM state enabled by the OS.
+    if ((xcr0_lo & 0xE6) != 0xE6) return false;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    const bool avx512f = (ebx >> 16) & 1;
+    const bool avx512bw = (ebx >> 30) & 1;
+    const bool avx512vl = (ebx >> 31) & 1;
+    if (!(avx512f && avx512bw && avx512vl)) return false;
+    __cpuid_count(7, 1, eax, ebx, ecx, edx);
+    const bool avx512bf16 = (eax >> 5) & 1;
+    return avx512bf16;
+  }();
+  return has;
+}
+
+#define RPA_BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
+
+namespace {
+
+// Lane i of the result = sum of the lanes of a[i].
+RPA_BF16_TARGET inline __m512 SumEach16(const __m512* a) {
+  __m512 b[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 x = a[2 * i], y = a[2 * i + 1];
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+  }
+  __m512 c[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // c[i] holds, in each 128-bit lane L, the lane-L partial sums of
+  // a[4i .. 4i+3]; add the four 128-bit lanes of each c[i].
+  const __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+RPA_BF16_TARGET inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
+
+// Logits of kRows rows x kTokens keys; rows/tokens beyond the valid counts
+// keep zero accumulators and are not stored.
+template <int kRows, int kTokens, bool kLo>
+RPA_BF16_TARGET void LogitsBlock(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride,
+                                 int64_t rows, const void* const* k_rows, int64_t tokens,
+                                 int64_t head_dim, float* s, int64_t s_stride) {
+  static_assert(kRows * kTokens == 16);
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  const uint16_t* k[kTokens];
+  for (int t = 0; t < kTokens; ++t) {
+    k[t] = static_cast<const uint16_t*>(k_rows[t < tokens ? t : 0]);
+  }
+  for (int64_t d = 0; d < head_dim; d += 32) {
+    const int64_t left = head_dim - d;
+    const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    __m512i kv[kTokens];
+    for (int t = 0; t < kTokens; ++t) kv[t] = _mm512_maskz_loadu_epi16(mask, k[t] + d);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512i qh = _mm512_loadu_si512(q_hi + r * q_stride + d);
+      for (int t = 0; t < kTokens; ++t) {
+        acc[r * kTokens + t] = _mm512_dpbf16_ps(acc[r * kTokens + t], AsBh(qh), AsBh(kv[t]));
+      }
+      if constexpr (kLo) {
+        const __m512i ql = _mm512_loadu_si512(q_lo + r * q_stride + d);
+        for (int t = 0; t < kTokens; ++t) {
+          acc[r * kTokens + t] = _mm512_dpbf16_ps(acc[r * kTokens + t], AsBh(ql), AsBh(kv[t]));
+        }
+      }
+    }
+  }
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, SumEach16(acc));
+  const int64_t valid_rows = rows < kRows ? rows : kRows;
+  const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
+  for (int64_t r = 0; r < valid_rows; ++r) {
+    std::memcpy(s + r * s_stride, sums + r * kTokens, sizeof(float) * valid_tokens);
+  }
+}
+
+template <bool kLo>
+RPA_BF16_TARGET void LogitsImpl(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride,
+                                int64_t rows, const void* const* k_rows, int64_t tokens,
+                                int64_t head_dim, float* s, int64_t s_stride) {
+  int64_t r = 0;
+  // The row count picks the block shape so that decode with few q heads per
+  // kv head (1 or 2) still fills all 16 accumulators.
+  for (; r + 4 <= rows || (rows - r > 2); r += 4) {
+    for (int64_t t = 0; t < tokens; t += 4) {
+      LogitsBlock<4, 4, kLo>(q_hi + r * q_stride, kLo ? q_lo + r * q_stride : nullptr, q_stride,
+                             rows - r, k_rows + t, tokens - t, head_dim,
+                             s + r * s_stride + t, s_stride);
+    }
+  }
+  if (rows - r == 2) {
+    for (int64_t t = 0; t < tokens; t += 8) {
+      LogitsBlock<2, 8, kLo>(q_hi + r * q_stride, kLo ? q_lo + r * q_stride : nullptr, q_stride,
+                             2, k_rows + t, tokens - t, head_dim, s + r * s_stride + t,
+                             s_stride);
+    }
+  } else if (rows - r == 1) {
+    for (int64_t t = 0; t < tokens; t += 16) {
+      LogitsBlock<1, 16, kLo>(q_hi + r * q_stride, kLo ? q_lo + r * q_stride : nullptr,
+                              q_stride, 1, k_rows + t, tokens - t, head_dim,
+                              s + r * s_stride + t, s_stride);
+    }
+  }
+}
+
+// acc rows r < valid_rows (of kRows) += sum over key pairs of p * v.
+template <int kRows>
+RPA_BF16_TARGET void PvBlock(const float* p, int64_t p_stride, int64_t valid_rows,
+                             const void* const* v_rows, int64_t tokens, int64_t head_dim,
+                             float* acc, int64_t acc_stride) {
+  for (int64_t d = 0; d < head_dim; d += 32) {
+    const int64_t left = head_dim - d;
+    const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    __m512 lo[kRows], hi[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t rr = r < valid_rows ? r : 0;
+      lo[r] = _mm512_loadu_ps(acc + rr * acc_stride + d);
+      hi[r] = _mm512_loadu_ps(acc + rr * acc_stride + d + 16);
+    }
+    for (int64_t t = 0; t < tokens; t += 2) {
+      const __m512i v0 =
+          _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(v_rows[t]) + d);
+      const __m512i v1 =
+          t + 1 < tokens
+              ? _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(v_rows[t + 1]) + d)
+              : _mm512_setzero_si512();
+      const __m512bh vl = AsBh(_mm512_unpacklo_epi16(v0, v1));
+      const __m512bh vh = AsBh(_mm512_unpackhi_epi16(v0, v1));
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t rr = r < valid_rows ? r : 0;
+        // The weights are bf16-exact f32: their high halves are the bf16.
+        uint32_t p0, p1 = 0;
+        std::memcpy(&p0, p + rr * p_stride + t, 4);
+        if (t + 1 < tokens) std::memcpy(&p1, p + rr * p_stride + t + 1, 4);
+        const __m512bh pp = AsBh(_mm512_set1_epi32(static_cast<int>((p0 >> 16) | (p1 & 0xFFFF0000u))));
+        lo[r] = _mm512_dpbf16_ps(lo[r], pp, vl);
+        hi[r] = _mm512_dpbf16_ps(hi[r], pp, vh);
+      }
+    }
+    for (int r = 0; r < kRows && r < valid_rows; ++r) {
+      _mm512_storeu_ps(acc + r * acc_stride + d, lo[r]);
+      _mm512_storeu_ps(acc + r * acc_stride + d + 16, hi[r]);
+    }
+  }
+}
+
+}  // namespace
+
+void Bf16Logits(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride, int64_t rows,
+                const void* const* k_rows, int64_t tokens, int64_t head_dim, float* s,
+                int64_t s_stride) {
+  if (rows <= 0 || tokens <= 0) return;
+  if (q_lo != nullptr) {
+    LogitsImpl<true>(q_hi, q_lo, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
+  } else {
+    LogitsImpl<false>(q_hi, nullptr, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
+  }
+}
+
+void Bf16AccumulatePV(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
+                      int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride) {
+  if (tokens <= 0) return;
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    PvBlock<4>(p + r * p_stride, p_stride, 4, v_rows, tokens, head_dim, acc + r * acc_stride,
+               acc_stride);
+  }
+  if (rows - r >= 2) {
+    PvBlock<2>(p + r * p_stride, p_stride, 2, v_rows, tokens, head_dim, acc + r * acc_stride,
+               acc_stride);
+    r += 2;
+  }
+  if (rows - r == 1) {
+    PvBlock<1>(p + r * p_stride, p_stride, 1, v_rows, tokens, head_dim, acc + r * acc_stride,
+               acc_stride);
+  }
+}
+
+#else  // !RPA_HAVE_X86
+
+bool CpuHasAvx512Bf16() { return false; }
+void Bf16Logits(const uint16_t*, const uint16_t*, int64_t, int64_t, const void* const*, int64_t,
+                int64_t, float*, int64_t) {}
+void Bf16AccumulatePV(const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
+                      float*, int64_t) {}
+
+#endif  // RPA_HAVE_X86
+
+}  // namespace rpa::internal

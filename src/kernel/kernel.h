@@ -1,0 +1,107 @@
+// The attention kernel's tasks and the per-worker scratch they run in.
+//
+// One task is (sequence, kv head, query tile, KV chunk): the rows of the task
+// are the query tile's tokens times the q heads that share the kv head,
+// row r = (token qt_begin + r / G, q head kv_head * G + r % G), so each K/V
+// element is loaded from memory once per query tile. The run walks the KV
+// chunk in tiles of kv_block tokens with a flash-attention online softmax.
+#ifndef RPA_SRC_KERNEL_KERNEL_H_
+#define RPA_SRC_KERNEL_KERNEL_H_
+
+#include <cstdint>
+
+#include "problem.h"
+
+namespace rpa::internal {
+
+// How QK^T and PV are multiplied.
+enum class KernelPath : uint8_t {
+  kHighway,     // f32 FMA on the dispatched Highway target; every dtype.
+  kAvx512Bf16,  // vdpbf16ps for bf16 K/V; needs CpuHasAvx512Bf16().
+};
+
+// Rows of a KV tile padded to this many tokens, head_dim to kDimAlign: the
+// widest vector (16 f32 / 32 bf16) then never needs a tail inside scratch.
+inline constexpr int64_t kTokenAlign = 16;
+inline constexpr int64_t kDimAlign = 32;
+
+inline int64_t RoundUp(int64_t x, int64_t align) { return (x + align - 1) / align * align; }
+
+struct KernelTask {
+  int32_t seq = 0;
+  int32_t kv_head = 0;
+  int32_t q_begin = 0;  // Query tokens [q_begin, q_end) of the sequence.
+  int32_t q_end = 0;
+  int32_t kv_begin = 0;  // Keys [kv_begin, kv_end); may be empty.
+  int32_t kv_end = 0;
+  // -1: the task owns its rows' whole KV range and writes problem.out.
+  // Else: it writes a partial (m, l, acc) at this float offset of the plan's
+  // partial buffer, merged later by log-sum-exp.
+  int64_t partial_offset = -1;
+};
+
+// Per-worker scratch; sized by the plan for max_rows rows and kv_block keys.
+struct WorkerScratch {
+  int64_t dim_pad = 0;    // RoundUp(head_dim, kDimAlign).
+  int64_t token_pad = 0;  // RoundUp(kv_block, kTokenAlign).
+  float* q = nullptr;      // [max_rows, dim_pad] f32, zero padded.
+  uint16_t* q_hi = nullptr;  // [max_rows, dim_pad] bf16 high part of q.
+  uint16_t* q_lo = nullptr;  // [max_rows, dim_pad] bf16 of q - q_hi.
+  float* s = nullptr;      // [max_rows, token_pad] logits, then weights.
+  float* acc = nullptr;    // [max_rows, dim_pad] output accumulators.
+  float* m = nullptr;      // [max_rows] running max.
+  float* l = nullptr;      // [max_rows] running sum.
+  float* kv_f32 = nullptr;  // [token_pad, dim_pad] quantized K/V as f32.
+  const void** k_rows = nullptr;  // [token_pad] K row of each tile key.
+  const void** v_rows = nullptr;  // [token_pad] V row of each tile key.
+};
+
+// Partial of a split task: [rows] m, [rows] l, [rows, dim_pad] acc.
+inline int64_t PartialFloats(int64_t rows, int64_t dim_pad) { return rows * (2 + dim_pad); }
+
+// Runs one task on the best compiled Highway target the CPU supports (or the
+// one forced by hwy::SetSupportedTargetsForTest).
+void RunKernelTask(const AttentionProblem& problem, const KernelTask& task, int64_t kv_block,
+                   KernelPath path, const WorkerScratch& scratch, float* partials);
+
+// The path ComputeAttention takes: the bf16 dot path for bf16 K/V when the
+// CPU has it and it is allowed, else Highway.
+KernelPath ChooseKernelPath(const AttentionProblem& problem);
+// Test and benchmark hook (process-wide): false keeps bf16 K/V on the
+// Highway path, so both paths can be checked on one machine.
+void AllowBf16DotPath(bool allow);
+
+// Whether this CPU (and OS) run AVX-512 BF16: avx512f/bw/vl/bf16 plus zmm
+// state enabled in XCR0.
+bool CpuHasAvx512Bf16();
+
+// ---- The AVX-512 BF16 path (avx512_bf16.cc); call only if CpuHasAvx512Bf16.
+
+// s[r * s_stride + i] = dot(q_r, k_i) over head_dim for r < rows, i < tokens;
+// q rows are bf16 with q_stride elements, zero padded to RoundUp(head_dim,
+// 32); q_lo (may be null) is added as a second bf16 term. k_rows[i] points at
+// head_dim bf16 values; nothing beyond them is read.
+void Bf16Logits(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride, int64_t rows,
+                const void* const* k_rows, int64_t tokens, int64_t head_dim, float* s,
+                int64_t s_stride);
+
+// acc_r += sum_i p[r * p_stride + i] * v_i for r < rows, with p exactly
+// representable in bf16. acc rows (acc_stride floats, >= RoundUp(head_dim,
+// 32)) are kept in the interleaved order of Bf16AccIndex.
+void Bf16AccumulatePV(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
+                      int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride);
+
+// Where dimension d lives in a Bf16AccumulatePV accumulator row: within each
+// 32-dimension chunk, vpunpck{l,h}wd put dimensions {0-3, 8-11, 16-19, 24-27}
+// in the first 16 floats and {4-7, ...} in the next 16.
+inline int64_t Bf16AccIndex(int64_t d) {
+  const int64_t chunk = d & ~int64_t{31};
+  const int64_t i = d & 31;
+  const int64_t half = (i >> 2) & 1;  // Odd groups of 4 go to the high half.
+  const int64_t lane128 = i >> 3;     // Which 128-bit lane.
+  return chunk + half * 16 + lane128 * 4 + (i & 3);
+}
+
+}  // namespace rpa::internal
+
+#endif  // RPA_SRC_KERNEL_KERNEL_H_

@@ -1,0 +1,169 @@
+#include "plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace rpa::internal {
+namespace {
+
+// Default tiles. ~64 rows of queries share each K/V tile (rows = tokens x q
+// heads per kv head): enough to amortize loading it, small enough that the
+// rows' logits and accumulators stay in L1/L2. ~256 keys per KV tile keeps
+// the per-tile softmax bookkeeping small next to the products.
+constexpr int64_t kTargetRows = 64;
+constexpr int64_t kTargetKeys = 256;
+// A task's fixed cost (q load, output store, tile setup) in cost units.
+constexpr int64_t kTaskOverhead = 2048;
+// Split long KV ranges until every thread has about this many tasks.
+constexpr int64_t kTasksPerThread = 4;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+int64_t ScratchBytes(const AttentionProblem& problem, int64_t q_tile, int64_t kv_block) {
+  const int64_t rows = q_tile * problem.QueriesPerKvHead();
+  const int64_t dim_pad = RoundUp(problem.head_dim, kDimAlign);
+  const int64_t token_pad = RoundUp(kv_block, kTokenAlign);
+  const bool byte_kv = SizeOf(problem.kv_dtype) == 1;
+  int64_t floats = rows * dim_pad * 3  // q, q_hi + q_lo, acc.
+                   + rows * token_pad + 2 * RoundUp(rows, 16) + 4 * token_pad;  // Pointers.
+  if (byte_kv) floats += token_pad * dim_pad;
+  return floats * 4;
+}
+
+TileSizes ChooseTileSizes(const AttentionProblem& problem) {
+  TileSizes tiles;
+  const int64_t group = problem.QueriesPerKvHead();
+  const int64_t pages_per_seq = std::max<int64_t>(problem.pages_per_seq, 1);
+  tiles.q_tile = problem.num_queries_per_block > 0
+                     ? problem.num_queries_per_block
+                     : std::max<int64_t>(1, kTargetRows / group);
+  tiles.pages_per_block =
+      problem.num_kv_pages_per_block > 0
+          ? problem.num_kv_pages_per_block
+          : std::clamp<int64_t>(CeilDiv(kTargetKeys, problem.page_size), 1, pages_per_seq);
+  if (problem.vmem_limit_bytes > 0) {
+    // Shrink what the library chose (never what the caller gave) to fit.
+    while (ScratchBytes(problem, tiles.q_tile, tiles.pages_per_block * problem.page_size) >
+           problem.vmem_limit_bytes) {
+      if (problem.num_kv_pages_per_block <= 0 && tiles.pages_per_block > 1) {
+        tiles.pages_per_block = CeilDiv(tiles.pages_per_block, 2) == tiles.pages_per_block
+                                    ? tiles.pages_per_block - 1
+                                    : CeilDiv(tiles.pages_per_block, 2);
+      } else if (problem.num_queries_per_block <= 0 && tiles.q_tile > 1) {
+        tiles.q_tile = tiles.q_tile / 2;
+      } else {
+        break;
+      }
+    }
+  }
+  return tiles;
+}
+
+void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan) {
+  const TileSizes tiles = ChooseTileSizes(problem);
+  const int64_t group = problem.QueriesPerKvHead();
+  plan.q_tile = tiles.q_tile;
+  plan.pages_per_block = tiles.pages_per_block;
+  plan.kv_block = tiles.pages_per_block * problem.page_size;
+  plan.max_rows = plan.q_tile * group;
+  plan.tasks.clear();
+  plan.order.clear();
+  plan.costs.clear();
+  plan.merges.clear();
+  plan.partial_floats = 0;
+
+  const bool vanish = problem.MaskedKeysVanish();
+  const int64_t kv_block = plan.kv_block;
+  // Whole query tiles first; their total cost sets the split size.
+  std::vector<KernelTask>& whole = plan.whole_tasks;
+  std::vector<int64_t>& whole_costs = plan.whole_costs;
+  whole.clear();
+  whole_costs.clear();
+  int64_t total_cost = 0;
+  for (int32_t seq = 0; seq < problem.num_seqs; ++seq) {
+    const int64_t q_len = problem.cu_q_lens[seq + 1] - problem.cu_q_lens[seq];
+    const int64_t kv_len = problem.kv_lens[seq];
+    for (int64_t qb = 0; qb < q_len; qb += plan.q_tile) {
+      const int64_t qe = std::min(q_len, qb + plan.q_tile);
+      // Keys any row of the tile sees; with a vanishing mask, the keys
+      // outside are skipped whole (causal: after the last row's position;
+      // window: at or before the first row's position - window).
+      int64_t lo = 0, hi = kv_len;
+      if (vanish) {
+        const int64_t first_pos = kv_len - q_len + qb;
+        const int64_t last_pos = kv_len - q_len + qe - 1;
+        hi = std::clamp<int64_t>(last_pos + 1, 0, kv_len);
+        if (problem.sliding_window > 0) {
+          lo = std::clamp<int64_t>(first_pos - problem.sliding_window + 1, 0, hi);
+        }
+      }
+      for (int32_t h = 0; h < problem.num_kv_heads; ++h) {
+        KernelTask task;
+        task.seq = seq;
+        task.kv_head = h;
+        task.q_begin = static_cast<int32_t>(qb);
+        task.q_end = static_cast<int32_t>(qe);
+        task.kv_begin = static_cast<int32_t>(lo);
+        task.kv_end = static_cast<int32_t>(hi);
+        const int64_t cost = (qe - qb) * group * (hi - lo) + kTaskOverhead;
+        whole.push_back(task);
+        whole_costs.push_back(cost);
+        total_cost += cost;
+      }
+    }
+  }
+
+  // Flash-decoding split: with more than one thread, a task costlier than
+  // its share is cut into chunks of whole KV tiles, each writing a partial.
+  const int64_t threads = std::max(num_threads, 1);
+  const int64_t share = threads > 1
+                            ? std::max<int64_t>(total_cost / (threads * kTasksPerThread), 1)
+                            : total_cost + 1;
+  const int64_t dim_pad = RoundUp(problem.head_dim, kDimAlign);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    const KernelTask& task = whole[i];
+    const int64_t cost = whole_costs[i];
+    const int64_t keys = task.kv_end - task.kv_begin;
+    const int64_t rows = (task.q_end - task.q_begin) * group;
+    int64_t chunks = std::max<int64_t>(1, cost / share);
+    // Chunk boundaries on KV tile boundaries.
+    const int64_t first_tile = task.kv_begin / kv_block;
+    const int64_t num_tiles = keys > 0 ? (task.kv_end - 1) / kv_block - first_tile + 1 : 1;
+    chunks = std::clamp<int64_t>(chunks, 1, num_tiles);
+    const int64_t tiles_per_chunk = CeilDiv(num_tiles, chunks);
+    chunks = CeilDiv(num_tiles, tiles_per_chunk);
+    if (chunks == 1) {
+      plan.tasks.push_back(task);
+      plan.costs.push_back(cost);
+      continue;
+    }
+    MergeGroup merge;
+    merge.first_task = static_cast<int32_t>(plan.tasks.size());
+    merge.num_tasks = static_cast<int32_t>(chunks);
+    plan.merges.push_back(merge);
+    for (int64_t c = 0; c < chunks; ++c) {
+      KernelTask part = task;
+      part.kv_begin = static_cast<int32_t>(
+          std::max<int64_t>(task.kv_begin, (first_tile + c * tiles_per_chunk) * kv_block));
+      part.kv_end = static_cast<int32_t>(
+          std::min<int64_t>(task.kv_end, (first_tile + (c + 1) * tiles_per_chunk) * kv_block));
+      part.partial_offset = plan.partial_floats;
+      plan.partial_floats += PartialFloats(rows, dim_pad);
+      plan.tasks.push_back(part);
+      plan.costs.push_back(rows * (part.kv_end - part.kv_begin) + kTaskOverhead);
+    }
+  }
+
+  plan.order.resize(plan.tasks.size());
+  std::iota(plan.order.begin(), plan.order.end(), 0);
+  // Stable: equal costs keep their natural order, so the plan is the same
+  // every time.
+  std::stable_sort(plan.order.begin(), plan.order.end(),
+                   [&](int32_t a, int32_t b) { return plan.costs[a] > plan.costs[b]; });
+  plan.num_workers = static_cast<int>(
+      std::min<int64_t>(threads, std::max<int64_t>(static_cast<int64_t>(plan.tasks.size()), 1)));
+}
+
+}  // namespace rpa::internal

@@ -1,0 +1,62 @@
+// The host-side plan of one attention call: tile sizes, the tasks the kernel
+// runs and the merges of split tasks. Plan, then run: the run only computes.
+//
+// Tasks are (sequence, kv head, query tile, KV chunk). The cost model counts
+// q.k products (rows x keys) plus a per-task overhead; tasks run largest
+// first from one shared counter (longest-processing-time order), which keeps
+// threads balanced when sequence lengths differ. When the batch has too few
+// tasks for the threads (one long decode sequence), a task's KV range is
+// split into chunks that write partial (m, l, acc) and a merge combines
+// them by log-sum-exp (flash-decoding). The plan depends only on the problem
+// and the thread count, so results are identical run to run.
+#ifndef RPA_SRC_PLAN_H_
+#define RPA_SRC_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernel/kernel.h"
+#include "problem.h"
+
+namespace rpa::internal {
+
+// Partials of one query tile of one kv head, split over consecutive tasks.
+struct MergeGroup {
+  int32_t first_task = 0;  // Index into Plan::tasks.
+  int32_t num_tasks = 0;
+};
+
+struct Plan {
+  int64_t q_tile = 0;           // Query tokens per tile.
+  int64_t pages_per_block = 0;  // KV tile in pages ...
+  int64_t kv_block = 0;         // ... and in keys.
+  int64_t max_rows = 0;         // q_tile * q heads per kv head.
+  int num_workers = 1;
+  std::vector<KernelTask> tasks;   // [num_tasks] by sequence, q tile, kv head, chunk.
+  std::vector<int32_t> order;      // [num_tasks] task indices, costliest first.
+  std::vector<int64_t> costs;      // [num_tasks] cost-model units.
+  std::vector<MergeGroup> merges;  // Split query tiles.
+  int64_t partial_floats = 0;      // Size of the partial buffer.
+  // Scratch of BuildPlan: the unsplit tasks.
+  std::vector<KernelTask> whole_tasks;
+  std::vector<int64_t> whole_costs;
+};
+
+// Tile sizes: the problem's when given, else the defaults below, clamped to
+// [1, pages_per_seq] and shrunk to fit vmem_limit_bytes when that is given.
+struct TileSizes {
+  int64_t q_tile = 0;
+  int64_t pages_per_block = 0;
+};
+TileSizes ChooseTileSizes(const AttentionProblem& problem);
+
+// Bytes of one worker's scratch for these tiles.
+int64_t ScratchBytes(const AttentionProblem& problem, int64_t q_tile, int64_t kv_block);
+
+// Fills `plan` (reusing its vectors' storage) for num_threads threads.
+void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan);
+
+}  // namespace rpa::internal
+
+#endif  // RPA_SRC_PLAN_H_

@@ -1,0 +1,96 @@
+#include "thread_pool.h"
+
+#include <cstdlib>
+#include <string>
+
+namespace rpa::internal {
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
+}
+
+void ThreadPool::EnsureThreads(int num_threads) {
+  while (static_cast<int>(threads_.size()) < num_threads) {
+    const int worker = static_cast<int>(threads_.size()) + 1;
+    threads_.emplace_back([this, worker] { WorkerLoop(worker); });
+  }
+}
+
+void ThreadPool::RunTasks(int worker) {
+  for (;;) {
+    const int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
+    if (task >= num_tasks_) return;
+    fn_(context_, task, worker);
+  }
+}
+
+void ThreadPool::WorkerLoop(int worker) {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      start_cv_.wait(lock, [&] {
+        return stop_ || (generation_ != seen && worker <= active_workers_);
+      });
+      if (stop_) return;
+      seen = generation_;
+    }
+    RunTasks(worker);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, TaskFn fn) {
+  if (num_tasks <= 0) return;
+  if (num_workers > num_tasks) num_workers = static_cast<int>(num_tasks);
+  if (num_workers <= 1) {
+    for (int64_t task = 0; task < num_tasks; ++task) fn(context, task, 0);
+    return;
+  }
+  std::lock_guard<std::mutex> call_lock(call_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    EnsureThreads(num_workers - 1);
+    context_ = context;
+    fn_ = fn;
+    num_tasks_ = num_tasks;
+    next_task_.store(0, std::memory_order_relaxed);
+    active_workers_ = num_workers - 1;
+    pending_ = num_workers - 1;
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  RunTasks(0);
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  context_ = nullptr;
+  fn_ = nullptr;
+}
+
+ThreadPool& GlobalThreadPool() {
+  static ThreadPool* pool = new ThreadPool();  // Never destroyed: usable at exit.
+  return *pool;
+}
+
+int ResolveNumThreads(int requested) {
+  if (requested > 0) return requested;
+  if (const char* env = std::getenv("RPA_NUM_THREADS")) {
+    char* end = nullptr;
+    const long value = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && value > 0 && value <= 4096) {
+      return static_cast<int>(value);
+    }
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores == 0 ? 1 : static_cast<int>(cores);
+}
+
+}  // namespace rpa::internal

@@ -1,0 +1,475 @@
+// The fast kernel against the f64 reference: a randomized grid over every
+// feature, on every compiled Highway target and on the AVX-512 BF16 path,
+// with 1-4 threads; plus the plan, the thread pool and run-to-run identity.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "compute.h"
+#include "hwy/targets.h"
+#include "kernel/kernel.h"
+#include "plan.h"
+#include "reference_impl.h"
+#include "rpa/dtype.h"
+#include "synthetic_batch.h"
+#include "thread_pool.h"
+#include "validate_internal.h"
+
+namespace rpa::internal {
+namespace {
+
+using tools::BatchSpec;
+using tools::SequenceShape;
+using tools::SyntheticBatch;
+
+// Sanitizer builds run a smaller grid (same features, fewer draws).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kGridScale = 1;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr int kGridScale = 1;
+#else
+constexpr int kGridScale = 3;
+#endif
+#else
+constexpr int kGridScale = 3;
+#endif
+
+struct Case {
+  BatchSpec spec;
+  AttentionOptions options;
+  bool sinks = false;
+  bool lse = false;
+  int threads = 1;
+
+  std::string Name() const {
+    std::ostringstream s;
+    s << "q=" << ToString(spec.q_dtype) << " kv=" << ToString(spec.kv_dtype)
+      << " heads=" << spec.num_q_heads << "/" << spec.num_kv_heads << " D=" << spec.head_dim
+      << " page=" << spec.page_size << " seqs=[";
+    for (const SequenceShape& q : spec.sequences) s << q.q_len << "/" << q.kv_len << " ";
+    s << "] ppb=" << options.num_kv_pages_per_block.value_or(0)
+      << " qpb=" << options.num_queries_per_block.value_or(0)
+      << " window=" << options.sliding_window.value_or(0)
+      << " cap=" << options.soft_cap.value_or(0) << " mask=" << options.mask_value.value_or(0)
+      << " sm=" << options.sm_scale << " ks=" << options.k_scale.value_or(1)
+      << " vs=" << options.v_scale.value_or(1) << " sinks=" << sinks << " lse=" << lse
+      << " threads=" << threads;
+    return s.str();
+  }
+};
+
+template <typename T>
+T Pick(std::mt19937_64& rng, std::initializer_list<T> values) {
+  std::uniform_int_distribution<size_t> index(0, values.size() - 1);
+  return values.begin()[index(rng)];
+}
+
+Case RandomCase(std::mt19937_64& rng, DType kv_dtype) {
+  auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  Case c;
+  BatchSpec& s = c.spec;
+  s.q_dtype = Pick(rng, {DType::kF32, DType::kBF16, DType::kF16});
+  s.kv_dtype = kv_dtype;
+  const int64_t group = Pick<int64_t>(rng, {1, 2, 4, 8, 32});
+  s.num_kv_heads = group == 32 ? 1 : Pick<int64_t>(rng, {1, 2});
+  s.num_q_heads = group * s.num_kv_heads;
+  s.head_dim = Pick<int64_t>(rng, {1, 3, 7, 16, 31, 32, 33, 64, 100, 128, 256});
+  s.page_size = Pick<int64_t>(rng, {1, 3, 7, 16, 16, 64, 256});
+  // Work per case stays small: keys x rows x head_dim bounded.
+  const int64_t max_kv = std::max<int64_t>(4, 120000 / (s.num_q_heads * s.head_dim));
+  const int64_t num_seqs = Pick<int64_t>(rng, {0, 1, 1, 2, 3, 5});
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    SequenceShape q;
+    q.kv_len = static_cast<int32_t>(coin(0.1) ? 0 : uniform(1, std::min<int64_t>(max_kv, 700)));
+    const int kind = static_cast<int>(uniform(0, 3));
+    q.q_len = kind == 0   ? std::min(q.kv_len, 1)
+              : kind == 1 ? q.kv_len
+              : kind == 2 ? static_cast<int32_t>(uniform(0, std::min<int32_t>(q.kv_len, 40)))
+                          : 0;
+    s.sequences.push_back(q);
+  }
+  s.max_num_seqs = num_seqs + uniform(0, 2);
+  int64_t longest = 1;
+  for (const SequenceShape& q : s.sequences) {
+    longest = std::max(longest, (q.kv_len + s.page_size - 1) / s.page_size);
+  }
+  s.pages_per_seq = longest + uniform(0, 2);
+  int64_t total_q = 0;
+  for (const SequenceShape& q : s.sequences) total_q += q.q_len;
+  s.max_num_batched_tokens = std::max<int64_t>(1, total_q + uniform(0, 3));
+  s.seed = rng();
+
+  AttentionOptions& o = c.options;
+  const int ppb = static_cast<int>(uniform(0, 3));
+  if (s.max_num_seqs > 0) {  // Else page_indices has no columns to tile.
+    if (ppb == 1) o.num_kv_pages_per_block = 1;
+    if (ppb == 2) o.num_kv_pages_per_block = s.pages_per_seq;
+    if (ppb == 3) o.num_kv_pages_per_block = uniform(1, s.pages_per_seq);
+  }
+  const int qpb = static_cast<int>(uniform(0, 2));
+  if (qpb == 1) o.num_queries_per_block = 1;
+  if (qpb == 2) o.num_queries_per_block = uniform(1, 20);
+  if (coin(0.3)) o.sliding_window = uniform(1, 60);
+  if (coin(0.3)) o.soft_cap = static_cast<double>(uniform(5, 50));
+  const int mask = static_cast<int>(uniform(0, 3));
+  if (mask == 1) o.mask_value = -static_cast<double>(uniform(1, 30));  // Additive.
+  if (mask == 2) o.mask_value = -1e4;                                  // Vanishes.
+  o.sm_scale = Pick<double>(rng, {1.0, 1.0 / std::sqrt(static_cast<double>(s.head_dim)), 0.3});
+  if (coin(0.3)) o.k_scale = Pick<double>(rng, {0.5, 1.7});
+  if (coin(0.3)) o.v_scale = Pick<double>(rng, {0.25, 2.0});
+  c.sinks = coin(0.2);
+  c.lse = coin(0.3);
+  c.threads = static_cast<int>(uniform(1, 4));
+  return c;
+}
+
+// Max error allowed for one output element: the K/V dtype's bound (SPEC §1),
+// which holds for unit-normal inputs, scaled where the case leaves them:
+// v_scale scales the output, and logits wider than about unit-normal (std
+// sm_scale * k_scale * sqrt(head_dim), e.g. 10 with sm_scale 1 and head_dim
+// 100) carry f32 rounding of about 2^-24 of their size into the weights;
+// plus one ulp of the output dtype (both sides round slightly different f32
+// values).
+double Tolerance(const Case& c, double reference) {
+  const BatchSpec& s = c.spec;
+  double kv = 1e-5;
+  if (s.kv_dtype == DType::kBF16 || s.kv_dtype == DType::kF16) kv = 1e-2;
+  if (SizeOf(s.kv_dtype) == 1) kv = 5e-2;
+  const double logit_std = c.options.sm_scale * c.options.k_scale.value_or(1.0) *
+                           std::sqrt(static_cast<double>(s.head_dim));
+  kv *= c.options.v_scale.value_or(1.0) * std::max(1.0, logit_std / 4.0);
+  double out_ulp = 0.0;
+  if (s.q_dtype == DType::kBF16) out_ulp = std::ldexp(1.0, -7);
+  if (s.q_dtype == DType::kF16) out_ulp = std::ldexp(1.0, -10);
+  return kv + out_ulp * std::fabs(reference) * 1.01;
+}
+
+struct Outputs {
+  std::vector<uint8_t> out;
+  std::vector<float> lse;
+};
+
+// Runs the case on the fast path (ComputeAttention) or the reference.
+Outputs RunCase(const Case& c, const SyntheticBatch& b, bool fast) {
+  Outputs result;
+  result.out.assign(b.q.size(), 0xAB);  // Garbage: every row must be written.
+  AttentionOptions options = c.options;
+  options.num_threads = c.threads;
+  AttentionProblem problem =
+      ValidateRagged(CombinedInputs(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(),
+                                    b.CuQLens(), b.NumSeqs()),
+                     options, b.OutView(result.out));
+  std::vector<float> sinks;
+  if (c.sinks) {
+    for (int64_t h = 0; h < c.spec.num_q_heads; ++h) sinks.push_back(0.5f * (h % 5) - 1.0f);
+    problem.sinks = sinks.data();
+  }
+  if (c.lse) {
+    result.lse.assign(static_cast<size_t>(b.num_tokens * c.spec.num_q_heads), 12345.0f);
+    problem.lse = result.lse.data();
+    problem.lse_token_stride = c.spec.num_q_heads;
+  }
+  if (fast) {
+    ComputeAttention(problem);
+  } else {
+    ReferenceAttention(problem);
+  }
+  return result;
+}
+
+// Compares, printing only the first few mismatches.
+void ExpectClose(const Case& c, const SyntheticBatch& b, const Outputs& fast,
+                 const Outputs& ref) {
+  const int64_t count = b.num_tokens * c.spec.num_q_heads * c.spec.head_dim;
+  int reported = 0;
+  for (int64_t i = 0; i < count && reported < 3; ++i) {
+    const double got = LoadAsF32(c.spec.q_dtype, fast.out.data(), i);
+    const double want = LoadAsF32(c.spec.q_dtype, ref.out.data(), i);
+    if (!(std::fabs(got - want) <= Tolerance(c, want))) {
+      ADD_FAILURE() << c.Name() << "\n  element " << i << " (token "
+                    << i / (c.spec.num_q_heads * c.spec.head_dim) << "): got " << got
+                    << " want " << want;
+      ++reported;
+    }
+  }
+  for (size_t i = 0; i < ref.lse.size() && reported < 3; ++i) {
+    const float got = fast.lse[i], want = ref.lse[i];
+    const bool same = (std::isinf(want) && got == want) ||
+                      std::fabs(got - want) <= 1e-4 * (1.0 + std::fabs(want));
+    if (!same) {
+      ADD_FAILURE() << c.Name() << "\n  lse " << i << ": got " << got << " want " << want;
+      ++reported;
+    }
+  }
+}
+
+// RPA_KERNEL_TEST_SCALE=n multiplies the grid, for a longer soak by hand.
+int SoakScale() {
+  const char* env = std::getenv("RPA_KERNEL_TEST_SCALE");
+  const int scale = env != nullptr ? std::atoi(env) : 1;
+  return scale > 0 ? scale : 1;
+}
+
+void CheckGrid(uint64_t seed, int cases, std::initializer_list<DType> kv_dtypes) {
+  std::mt19937_64 rng(seed);
+  cases *= SoakScale();
+  for (int i = 0; i < cases; ++i) {
+    for (DType kv : kv_dtypes) {
+      const Case c = RandomCase(rng, kv);
+      const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+      const Outputs ref = RunCase(c, b, /*fast=*/false);
+      const Outputs fast = RunCase(c, b, /*fast=*/true);
+      ExpectClose(c, b, fast, ref);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+const std::initializer_list<DType> kAllKv = {DType::kF32,      DType::kBF16,   DType::kF16,
+                                             DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8};
+
+// ---- Every compiled Highway target, the bf16 dot path off.
+class KernelTargetTest : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override {
+    hwy::SetSupportedTargetsForTest(GetParam());
+    AllowBf16DotPath(false);
+  }
+  void TearDown() override {
+    hwy::SetSupportedTargetsForTest(0);
+    AllowBf16DotPath(true);
+  }
+};
+
+TEST_P(KernelTargetTest, RandomGridMatchesReference) {
+  CheckGrid(1000 + static_cast<uint64_t>(GetParam() % 997), 3 * kGridScale, kAllKv);
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, KernelTargetTest,
+                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
+                         [](const ::testing::TestParamInfo<int64_t>& param) {
+                           return std::string(hwy::TargetName(param.param));
+                         });
+
+// ---- The AVX-512 BF16 path for bf16 K/V (skipped where the CPU lacks it).
+TEST(KernelBf16DotTest, RandomGridMatchesReference) {
+  if (!CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  AllowBf16DotPath(true);
+  CheckGrid(77, 12 * kGridScale, {DType::kBF16});
+}
+
+TEST(KernelBf16DotTest, PathChoice) {
+  Case c;
+  AttentionProblem p;
+  p.kv_dtype = DType::kBF16;
+  AllowBf16DotPath(true);
+  EXPECT_EQ(ChooseKernelPath(p),
+            CpuHasAvx512Bf16() ? KernelPath::kAvx512Bf16 : KernelPath::kHighway);
+  AllowBf16DotPath(false);
+  EXPECT_EQ(ChooseKernelPath(p), KernelPath::kHighway);
+  AllowBf16DotPath(true);
+  p.kv_dtype = DType::kF32;
+  EXPECT_EQ(ChooseKernelPath(p), KernelPath::kHighway);
+}
+
+TEST(KernelBf16DotTest, AccIndexIsAPermutation) {
+  std::vector<int> seen(64, 0);
+  for (int64_t d = 0; d < 64; ++d) ++seen[Bf16AccIndex(d)];
+  for (int count : seen) EXPECT_EQ(count, 1);
+}
+
+// ---- Shapes the random grid may miss.
+Case Fixed(std::vector<SequenceShape> seqs, DType kv, int threads) {
+  Case c;
+  c.spec.num_q_heads = 8;
+  c.spec.num_kv_heads = 2;
+  c.spec.head_dim = 40;
+  c.spec.page_size = 5;
+  c.spec.q_dtype = DType::kF32;
+  c.spec.kv_dtype = kv;
+  c.spec.sequences = std::move(seqs);
+  c.spec.max_num_batched_tokens = 0;
+  c.threads = threads;
+  return c;
+}
+
+void CheckCase(const Case& c) {
+  const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+  ExpectClose(c, b, RunCase(c, b, true), RunCase(c, b, false));
+}
+
+TEST(KernelTest, EmptyAndDegenerateBatches) {
+  for (int threads = 1; threads <= 4; ++threads) {
+    CheckCase(Fixed({}, DType::kF32, threads));                        // num_seqs 0.
+    CheckCase(Fixed({{0, 0}, {0, 9}, {1, 1}}, DType::kF32, threads));  // q_len 0, kv_len 0.
+    Case padded = Fixed({{2, 7}}, DType::kBF16, threads);
+    padded.spec.max_num_batched_tokens = 6;  // Padding rows after the sequence.
+    padded.lse = true;
+    CheckCase(padded);
+  }
+}
+
+// One long decode sequence: the plan must split it over the threads and the
+// log-sum-exp merge must agree with the reference.
+TEST(KernelTest, LongDecodeSplitsAndMerges) {
+  for (int threads = 2; threads <= 4; ++threads) {
+    for (DType kv : {DType::kF32, DType::kBF16}) {
+      Case c = Fixed({{1, 3000}}, kv, threads);
+      c.spec.num_kv_heads = 1;
+      c.spec.num_q_heads = 4;
+      c.lse = true;
+      c.sinks = true;
+      CheckCase(c);
+    }
+  }
+}
+
+// JAX's paged_attention with length 0 asks for one query over no keys: the
+// row is 0, not NaN.
+TEST(KernelTest, QueryWithoutKeysIsZero) {
+  std::vector<float> q(2 * 4 * 8, 1.0f), k(2 * 3 * 4 * 8, NAN), v(k.size(), NAN);
+  std::vector<int32_t> lengths = {0, 0};
+  std::vector<int32_t> pages = {0, 1, 2, 0, 1, 2};
+  std::vector<float> out(q.size(), 7.0f);
+  PagedAttentionOptions options;
+  std::vector<int32_t> storage;
+  AttentionProblem p = ValidatePagedAttention(
+      TensorView(q.data(), DType::kF32, {2, 4, 8}),
+      TensorView(k.data(), DType::kF32, {2, 3, 4, 8}),
+      TensorView(v.data(), DType::kF32, {2, 3, 4, 8}),
+      TensorView(lengths.data(), DType::kI32, {2}), TensorView(pages.data(), DType::kI32, {2, 3}),
+      options, MutableTensorView(out.data(), DType::kF32, {2, 4, 8}), storage);
+  ComputeAttention(p);
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+}
+
+// Same inputs, same thread count: the same bytes, every run.
+TEST(KernelTest, BitIdenticalAcrossRuns) {
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 4; ++i) {
+    Case c = RandomCase(rng, i % 2 ? DType::kBF16 : DType::kF32);
+    c.spec.sequences = {{1, 900}, {37, 300}, {1, 64}};
+    c.spec.max_num_seqs = 3;
+    c.spec.pages_per_seq = 0;
+    c.spec.max_num_batched_tokens = 0;
+    c.options.num_kv_pages_per_block.reset();
+    c.options.num_queries_per_block.reset();
+    for (int threads = 1; threads <= 4; ++threads) {
+      c.threads = threads;
+      const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+      const Outputs first = RunCase(c, b, true);
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        EXPECT_EQ(RunCase(c, b, true).out, first.out) << c.Name();
+      }
+    }
+  }
+}
+
+// ---- The plan.
+TEST(PlanTest, TasksCoverEveryVisibleKeyOnce) {
+  std::vector<int32_t> kv_lens = {5000, 1, 700};
+  std::vector<int32_t> cu = {0, 1, 2, 102};
+  std::vector<int32_t> pages(3 * 400, 0);
+  AttentionProblem p;
+  p.num_q_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.page_size = 16;
+  p.pages_per_seq = 400;
+  p.kv_lens = kv_lens.data();
+  p.cu_q_lens = cu.data();
+  p.page_indices = pages.data();
+  p.page_indices_row_stride = 400;
+  p.num_seqs = 3;
+  p.mask_value = -1e30f;
+  p.sliding_window = 0;
+  for (int threads : {1, 2, 4, 16}) {
+    Plan plan;
+    BuildPlan(p, threads, plan);
+    // keys[seq][q token][kv head] counted over tasks.
+    std::vector<int64_t> covered(3 * 100 * 2, 0);
+    for (const KernelTask& t : plan.tasks) {
+      EXPECT_LE(t.kv_end, kv_lens[t.seq]);
+      EXPECT_LE(t.kv_begin, t.kv_end);
+      for (int32_t j = t.q_begin; j < t.q_end; ++j) {
+        covered[(t.seq * 100 + j) * 2 + t.kv_head] += t.kv_end - t.kv_begin;
+      }
+    }
+    for (int32_t seq = 0; seq < 3; ++seq) {
+      const int32_t q_len = cu[seq + 1] - cu[seq];
+      for (int32_t j = 0; j < q_len; ++j) {
+        for (int h = 0; h < 2; ++h) {
+          // At least the causally visible keys, at most the q tile's.
+          const int64_t visible = kv_lens[seq] - q_len + j + 1;
+          EXPECT_GE(covered[(seq * 100 + j) * 2 + h], visible);
+          EXPECT_LE(covered[(seq * 100 + j) * 2 + h], visible + plan.q_tile);
+        }
+      }
+    }
+    // Split only when there are threads to use and too few tasks for them.
+    if (threads == 1) {
+      EXPECT_TRUE(plan.merges.empty());
+    }
+    if (threads == 16) {
+      EXPECT_FALSE(plan.merges.empty());
+    }
+    std::vector<bool> seen(plan.tasks.size(), false);
+    for (int32_t i : plan.order) seen[i] = true;
+    for (bool s : seen) EXPECT_TRUE(s);
+  }
+}
+
+TEST(PlanTest, AutomaticBlocksClampToPagesPerSeq) {
+  AttentionProblem p;
+  p.num_q_heads = 4;
+  p.num_kv_heads = 4;
+  p.head_dim = 8;
+  p.page_size = 1;
+  p.pages_per_seq = 3;
+  EXPECT_EQ(ChooseTileSizes(p).pages_per_block, 3);
+  p.page_size = 1024;
+  p.pages_per_seq = 8;
+  EXPECT_EQ(ChooseTileSizes(p).pages_per_block, 1);
+  p.num_kv_pages_per_block = 5;
+  p.num_queries_per_block = 2;
+  EXPECT_EQ(ChooseTileSizes(p).pages_per_block, 5);
+  EXPECT_EQ(ChooseTileSizes(p).q_tile, 2);
+}
+
+// ---- The thread pool.
+TEST(ThreadPoolTest, EveryTaskRunsOnce) {
+  ThreadPool pool;
+  for (int workers = 1; workers <= 5; ++workers) {
+    std::vector<std::atomic<int>> runs(1000);
+    std::atomic<int> bad_worker{0};
+    pool.ParallelFor(1000, workers, [&](int64_t task, int worker) {
+      runs[task].fetch_add(1);
+      if (worker < 0 || worker >= workers) bad_worker.fetch_add(1);
+    });
+    for (const auto& r : runs) EXPECT_EQ(r.load(), 1);
+    EXPECT_EQ(bad_worker.load(), 0);
+  }
+}
+
+TEST(ThreadPoolTest, ResolveNumThreads) {
+  EXPECT_EQ(ResolveNumThreads(3), 3);
+  setenv("RPA_NUM_THREADS", "2", 1);
+  EXPECT_EQ(ResolveNumThreads(0), 2);
+  setenv("RPA_NUM_THREADS", "junk", 1);
+  EXPECT_GE(ResolveNumThreads(0), 1);
+  unsetenv("RPA_NUM_THREADS");
+}
+
+}  // namespace
+}  // namespace rpa::internal

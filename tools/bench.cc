@@ -1,0 +1,564 @@
+// `rpa bench`: this machine's limits and the kernel's speed, measured in one
+// run (SPEC §5, issue 3).
+//
+// Limits: streaming read bandwidth over a buffer several times the last-level
+// cache (transparent huge pages requested), f32 FMA peak (AVX2 and AVX-512,
+// the better one) and bf16 dot peak (vdpbf16ps) where the CPU has it; each on
+// one thread and on all threads at once.
+//
+// Workloads run on K/V larger than the last-level cache: one batch is built,
+// its pages copied `copies` times into a huge-page buffer, and successive
+// calls rotate through the copies, so every call reads its K/V from memory.
+// Each reports the median time, tokens/s, GB/s of unique K/V bytes,
+// GFLOP/s (q.k and p.v over visible keys: 4 * head_dim per (row, key, q
+// head)), frac_of_limit = roofline time / measured time with roofline time =
+// max(bytes / bandwidth, FLOPs / peak of the fastest arithmetic for the K/V
+// dtype), and speedup_vs_naive against a single-threaded gather + unfused
+// QK^T, softmax, PV run in the same process.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "commands.h"
+#include "kernel/kernel.h"
+#include "rpa/rpa.h"
+#include "synthetic_batch.h"
+#include "thread_pool.h"
+
+#if defined(__x86_64__)
+// GCC 12's _mm*_undefined_* trip -Wuninitialized where they inline.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace rpa::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct BenchArgs {
+  bool json = false;
+  bool quick = false;
+  std::vector<std::string> only;
+  int threads = 0;  // 0: all cores.
+};
+
+// ---------------------------------------------------------------- memory
+
+// Anonymous memory that asks for transparent huge pages.
+struct HugeBuffer {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  explicit HugeBuffer(size_t bytes) : size(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    madvise(p, bytes, MADV_HUGEPAGE);
+    data = static_cast<uint8_t*>(p);
+  }
+  ~HugeBuffer() {
+    if (data != nullptr) munmap(data, size);
+  }
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+};
+
+int64_t LastLevelCacheBytes() {
+  long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return llc > 0 ? llc : (32 << 20);
+}
+
+bool HasAvx2Fma() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+bool HasAvx512() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) uint64_t ReadSliceAvx2(const uint8_t* p, size_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 128 <= bytes; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#endif
+
+uint64_t ReadSlice(const uint8_t* p, size_t bytes) {
+#if defined(__x86_64__)
+  if (HasAvx2Fma()) return ReadSliceAvx2(p, bytes);
+#endif
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(p);
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (size_t i = 0; i + 4 <= bytes / 8; i += 4) {
+    a += w[i];
+    b += w[i + 1];
+    c += w[i + 2];
+    d += w[i + 3];
+  }
+  return a + b + c + d;
+}
+
+volatile uint64_t g_sink = 0;
+
+// Streaming read GB/s over `buffer` split among `threads` workers.
+double ReadBandwidth(const HugeBuffer& buffer, int threads, int reps) {
+  internal::ThreadPool& pool = internal::GlobalThreadPool();
+  const size_t slice = buffer.size / static_cast<size_t>(threads) / 4096 * 4096;
+  std::vector<double> gbs;
+  for (int r = 0; r < reps; ++r) {
+    std::vector<uint64_t> sums(static_cast<size_t>(threads));
+    const auto t0 = Clock::now();
+    pool.ParallelFor(threads, threads, [&](int64_t task, int) {
+      sums[task] = ReadSlice(buffer.data + slice * task, slice);
+    });
+    const double s = Seconds(t0, Clock::now());
+    for (uint64_t x : sums) g_sink = g_sink + x;
+    gbs.push_back(static_cast<double>(slice) * threads / s * 1e-9);
+  }
+  return Median(gbs);
+}
+
+// ---------------------------------------------------------------- compute peaks
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) double FmaAvx2(int64_t iters) {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(0.001f * i);
+  const __m256 b = _mm256_set1_ps(0.99999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
+  }
+  __m256 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, s);
+  g_sink = g_sink + static_cast<uint64_t>(out[0]);
+  return static_cast<double>(iters) * 12 * 8 * 2;
+}
+
+__attribute__((target("avx512f"))) double FmaAvx512(int64_t iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 b = _mm512_set1_ps(0.99999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], b, c);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  g_sink = g_sink + static_cast<uint64_t>(_mm512_reduce_add_ps(s));
+  return static_cast<double>(iters) * 12 * 16 * 2;
+}
+
+__attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) double DotBf16(int64_t iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.001f * i);
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3F80));  // 1.0
+  const __m512bh c = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3380));  // ~6e-8
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], b, c);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  g_sink = g_sink + static_cast<uint64_t>(_mm512_reduce_add_ps(s));
+  return static_cast<double>(iters) * 12 * 32 * 2;  // 32 bf16 products, each mul + add.
+}
+#endif
+
+// GFLOP/s of `kernel` run on `threads` threads at once; median of reps.
+double PeakGflops(double (*kernel)(int64_t), int threads, int reps, int64_t iters) {
+  internal::ThreadPool& pool = internal::GlobalThreadPool();
+  std::vector<double> results;
+  for (int r = 0; r < reps; ++r) {
+    std::vector<double> flops(static_cast<size_t>(threads));
+    const auto t0 = Clock::now();
+    pool.ParallelFor(threads, threads, [&](int64_t task, int) { flops[task] = kernel(iters); });
+    const double s = Seconds(t0, Clock::now());
+    double total = 0.0;
+    for (double f : flops) total += f;
+    results.push_back(total / s * 1e-9);
+  }
+  return Median(results);
+}
+
+struct Limits {
+  int64_t llc_bytes = 0;
+  double read_gbs[2] = {0, 0};   // [1 thread, all threads]
+  double fma_gflops[2] = {0, 0};
+  double bf16_gflops[2] = {0, 0};  // 0: no bf16 dot.
+};
+
+Limits MeasureLimits(int threads, bool quick) {
+  Limits limits;
+  limits.llc_bytes = LastLevelCacheBytes();
+  const size_t bytes =
+      std::clamp<size_t>(static_cast<size_t>(limits.llc_bytes) * 4, size_t{1} << 30,
+                         size_t{4} << 30);
+  HugeBuffer buffer(quick ? std::min<size_t>(bytes, size_t{1} << 30) : bytes);
+  std::memset(buffer.data, 1, buffer.size);
+  const int reps = quick ? 3 : 7;
+  const int counts[2] = {1, threads};
+  const int64_t iters = quick ? 2000000 : 8000000;
+  for (int i = 0; i < 2; ++i) {
+    limits.read_gbs[i] = ReadBandwidth(buffer, counts[i], reps);
+#if defined(__x86_64__)
+    if (HasAvx2Fma()) limits.fma_gflops[i] = PeakGflops(FmaAvx2, counts[i], reps, iters);
+    if (HasAvx512()) {
+      limits.fma_gflops[i] =
+          std::max(limits.fma_gflops[i], PeakGflops(FmaAvx512, counts[i], reps, iters));
+    }
+    if (internal::CpuHasAvx512Bf16()) {
+      limits.bf16_gflops[i] = PeakGflops(DotBf16, counts[i], reps, iters);
+    }
+#endif
+  }
+  return limits;
+}
+
+// ---------------------------------------------------------------- workloads
+
+struct Workload {
+  std::string name;
+  std::vector<SequenceShape> sequences;
+};
+
+// The issue's workloads; all with 32 q heads, 8 kv heads, head_dim 128,
+// page_size 16, bf16 q and K/V, pages in random order. `mixed` is JAX's
+// mixed test batch shape: 16 sequences of q_len 1 and chunked prefills up
+// to 251 tokens over histories up to 1328.
+std::vector<Workload> Workloads() {
+  return {
+      {"decode", std::vector<SequenceShape>(16, {1, 1024})},
+      {"decode-long", {{1, 32768}}},
+      {"prefill", {{2048, 2048}}},
+      {"mixed",
+       {{1, 1328}, {5, 18}, {1, 129}, {120, 229}, {1, 122}, {1, 64}, {32, 100}, {250, 463},
+        {1, 18}, {1, 17}, {99, 123}, {1, 597}, {251, 1107}, {1, 322}, {64, 181}, {1, 1229}}},
+  };
+}
+
+// FLOPs over visible (causal) keys and unique K/V bytes of a batch.
+void CountWork(const BatchSpec& spec, double* flops, double* kv_bytes) {
+  *flops = 0;
+  *kv_bytes = 0;
+  for (const SequenceShape& s : spec.sequences) {
+    double keys = 0;  // Sum over query rows of visible keys.
+    for (int32_t j = 0; j < s.q_len; ++j) keys += s.kv_len - s.q_len + j + 1;
+    *flops += keys * spec.num_q_heads * 4.0 * spec.head_dim;
+    *kv_bytes += static_cast<double>(s.kv_len) * spec.num_kv_heads * 2 * spec.head_dim *
+                 static_cast<double>(SizeOf(spec.kv_dtype));
+  }
+}
+
+// The simplest correct alternative: per sequence, gather K and V into dense
+// f32 arrays, then for each query row and head an unfused loop: all logits,
+// softmax, weighted sum. Single-threaded, no tiling, no SIMD by hand. Only
+// query rows with index % sample == 0 are computed (the gather is always
+// whole); the compute time is scaled by total / sampled FLOPs.
+double NaiveSeconds(const SyntheticBatch& b, int sample, double sm_scale) {
+  const BatchSpec& spec = b.spec;
+  const int64_t H = spec.num_q_heads, KH = spec.num_kv_heads, D = spec.head_dim;
+  const int64_t G = H / KH;
+  const int64_t row = 2 * KH * D;
+  double gather_s = 0, compute_s = 0, sampled_flops = 0, total_flops = 0;
+  std::vector<float> k, v, q(static_cast<size_t>(D)), logits, out(static_cast<size_t>(D));
+  int64_t row_index = 0;
+  for (int32_t seq = 0; seq < b.num_seqs[0]; ++seq) {
+    const int64_t kv_len = b.kv_lens[seq];
+    const int64_t q0 = b.cu_q_lens[seq], q_len = b.cu_q_lens[seq + 1] - q0;
+    const int64_t pages_per_seq = static_cast<int64_t>(b.page_indices.size()) /
+                                  static_cast<int64_t>(b.kv_lens.size());
+    auto t0 = Clock::now();
+    k.resize(static_cast<size_t>(kv_len * KH * D));
+    v.resize(k.size());
+    for (int64_t t = 0; t < kv_len; ++t) {
+      const int64_t page = b.page_indices[seq * pages_per_seq + t / spec.page_size];
+      const int64_t base = (page * spec.page_size + t % spec.page_size) * row;
+      for (int64_t h = 0; h < KH; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          k[(t * KH + h) * D + d] = LoadAsF32(spec.kv_dtype, b.kv_pages.data(), base + 2 * h * D + d);
+          v[(t * KH + h) * D + d] =
+              LoadAsF32(spec.kv_dtype, b.kv_pages.data(), base + (2 * h + 1) * D + d);
+        }
+      }
+    }
+    auto t1 = Clock::now();
+    gather_s += Seconds(t0, t1);
+    logits.resize(static_cast<size_t>(kv_len));
+    for (int64_t j = 0; j < q_len; ++j, ++row_index) {
+      const int64_t pos = kv_len - q_len + j;
+      const double row_flops = static_cast<double>(pos + 1) * H * 4.0 * D;
+      total_flops += row_flops;
+      if (row_index % sample != 0) continue;
+      sampled_flops += row_flops;
+      t0 = Clock::now();
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t kh = h / G;
+        for (int64_t d = 0; d < D; ++d) {
+          q[d] = LoadAsF32(spec.q_dtype, b.q.data(), ((q0 + j) * H + h) * D + d);
+        }
+        float max_logit = -INFINITY;
+        for (int64_t t = 0; t <= pos; ++t) {
+          float dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += q[d] * k[(t * KH + kh) * D + d];
+          logits[t] = dot * static_cast<float>(sm_scale);
+          max_logit = std::max(max_logit, logits[t]);
+        }
+        float sum = 0;
+        for (int64_t t = 0; t <= pos; ++t) {
+          logits[t] = std::exp(logits[t] - max_logit);
+          sum += logits[t];
+        }
+        std::fill(out.begin(), out.end(), 0.0f);
+        for (int64_t t = 0; t <= pos; ++t) {
+          const float w = logits[t] / sum;
+          for (int64_t d = 0; d < D; ++d) out[d] += w * v[(t * KH + kh) * D + d];
+        }
+        g_sink = g_sink + static_cast<uint64_t>(out[0] != out[0]);
+      }
+      compute_s += Seconds(t0, Clock::now());
+    }
+  }
+  return gather_s + (sampled_flops > 0 ? compute_s * total_flops / sampled_flops : 0.0);
+}
+
+struct Result {
+  std::string name;
+  int threads = 1;
+  double ms = 0, tokens_per_s = 0, gbs = 0, gflops = 0, roofline_ms = 0, frac = 0;
+  double naive_ms = 0, speedup = 0;
+  const char* bound = "";
+  int copies = 0, reps = 0, naive_sample = 1;
+  double kv_bytes = 0, flops = 0;
+  std::string path;
+};
+
+void Progress(const std::string& line) {
+  std::fprintf(stderr, "\r\033[K%s", line.c_str());
+  std::fflush(stderr);
+}
+
+std::vector<Result> RunWorkload(const Workload& w, const Limits& limits, int all_threads,
+                                bool quick, int index, int total) {
+  BatchSpec spec;
+  spec.num_q_heads = 32;
+  spec.num_kv_heads = 8;
+  spec.head_dim = 128;
+  spec.page_size = 16;
+  spec.q_dtype = DType::kBF16;
+  spec.kv_dtype = DType::kBF16;
+  spec.sequences = w.sequences;
+  spec.seed = 7;
+  Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +
+           ": building the batch");
+  const SyntheticBatch batch = MakeSyntheticBatch(spec);
+  double flops = 0, kv_bytes = 0;
+  CountWork(spec, &flops, &kv_bytes);
+
+  // Enough copies of the cache that the working set is twice the LLC.
+  const size_t cache_bytes = batch.kv_pages.size();
+  const int copies = static_cast<int>(std::max<int64_t>(
+      2, (2 * limits.llc_bytes + static_cast<int64_t>(cache_bytes) - 1) /
+             static_cast<int64_t>(cache_bytes)));
+  const size_t stride = (cache_bytes + 4096 + 4095) / 4096 * 4096;
+  HugeBuffer pages(stride * static_cast<size_t>(copies));
+  for (int c = 0; c < copies; ++c) {
+    std::memcpy(pages.data + stride * c, batch.kv_pages.data(), cache_bytes);
+  }
+  const TensorView kv_view = batch.KvPages();
+  std::vector<uint8_t> out = batch.NewOutput();
+  AttentionOptions options;
+  options.sm_scale = 1.0 / std::sqrt(static_cast<double>(spec.head_dim));
+
+  std::vector<Result> results;
+  const int counts[2] = {1, all_threads};
+  for (int ti = 0; ti < (all_threads > 1 ? 2 : 1); ++ti) {
+    const int threads = counts[ti];
+    options.num_threads = threads;
+    Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +
+             " threads=" + std::to_string(threads));
+    // Reps: at least every copy once and about 0.3 s (quick) / 1 s of calls.
+    int copy = 0;
+    auto call = [&] {
+      const TensorView view(pages.data + stride * copy, spec.kv_dtype,
+                            {kv_view.shape[0], kv_view.shape[1], kv_view.shape[2],
+                             kv_view.shape[3]});
+      copy = (copy + 1) % copies;
+      RaggedPagedAttention(batch.Q(), view, batch.KvLens(), batch.PageIndices(), batch.CuQLens(),
+                           batch.NumSeqs(), options, batch.OutView(out));
+    };
+    for (int i = 0; i < std::min(copies, 3); ++i) call();  // Warm up: threads, scratch.
+    std::vector<double> times;
+    const double budget = quick ? 0.3 : 1.5;
+    const auto start = Clock::now();
+    while (times.size() < static_cast<size_t>(quick ? 5 : 11) ||
+           (Seconds(start, Clock::now()) < budget && times.size() < 400)) {
+      const auto t0 = Clock::now();
+      call();
+      times.push_back(Seconds(t0, Clock::now()));
+    }
+    Result r;
+    r.name = w.name;
+    r.threads = threads;
+    r.copies = copies;
+    r.reps = static_cast<int>(times.size());
+    r.flops = flops;
+    r.kv_bytes = kv_bytes;
+    const double s = Median(times);
+    r.ms = s * 1e3;
+    r.tokens_per_s = batch.TotalQTokens() / s;
+    r.gbs = kv_bytes / s * 1e-9;
+    r.gflops = flops / s * 1e-9;
+    const double bw = limits.read_gbs[ti] * 1e9;
+    const double peak =
+        (limits.bf16_gflops[ti] > 0 ? limits.bf16_gflops[ti] : limits.fma_gflops[ti]) * 1e9;
+    const double memory_s = kv_bytes / bw, compute_s = peak > 0 ? flops / peak : 0;
+    r.roofline_ms = std::max(memory_s, compute_s) * 1e3;
+    r.bound = memory_s >= compute_s ? "memory" : "compute";
+    r.frac = r.roofline_ms / r.ms;
+    r.path = internal::CpuHasAvx512Bf16() ? "avx512_bf16" : "highway";
+    results.push_back(r);
+  }
+  Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +
+           ": naive baseline");
+  // The naive baseline computes every row for small batches and a sample of
+  // rows (all of the gather) for large ones.
+  const int sample = flops > 4e9 ? (quick ? 64 : 16) : flops > 5e8 ? (quick ? 8 : 2) : 1;
+  const double naive_s = NaiveSeconds(batch, sample, options.sm_scale);
+  for (Result& r : results) {
+    r.naive_ms = naive_s * 1e3;
+    r.naive_sample = sample;
+    r.speedup = r.naive_ms / r.ms;
+  }
+  return results;
+}
+
+void PrintJson(const Limits& limits, int threads, const std::vector<Result>& results) {
+  std::printf("{\"machine\": {\"threads\": %d, \"llc_bytes\": %lld, "
+              "\"read_gbs_1_thread\": %.2f, \"read_gbs_all_threads\": %.2f, "
+              "\"fma_f32_gflops_1_thread\": %.1f, \"fma_f32_gflops_all_threads\": %.1f, "
+              "\"bf16_dot_gflops_1_thread\": %.1f, \"bf16_dot_gflops_all_threads\": %.1f, "
+              "\"avx512_bf16\": %s},\n \"workloads\": [",
+              threads, static_cast<long long>(limits.llc_bytes), limits.read_gbs[0],
+              limits.read_gbs[1], limits.fma_gflops[0], limits.fma_gflops[1],
+              limits.bf16_gflops[0], limits.bf16_gflops[1],
+              internal::CpuHasAvx512Bf16() ? "true" : "false");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    std::printf("%s\n  {\"name\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"frac_of_limit\": %.3f, "
+                "\"speedup_vs_naive\": %.1f, \"tokens_per_s\": %.1f, \"kv_gbs\": %.2f, "
+                "\"gflops\": %.1f, \"roofline_ms\": %.4f, \"bound\": \"%s\", \"naive_ms\": %.2f, "
+                "\"naive_row_sample\": %d, \"kv_bytes\": %.0f, \"flops\": %.0f, "
+                "\"kv_copies\": %d, \"reps\": %d, \"path\": \"%s\"}",
+                i ? "," : "", r.name.c_str(), r.threads, r.ms, r.frac, r.speedup,
+                r.tokens_per_s, r.gbs, r.gflops, r.roofline_ms, r.bound, r.naive_ms,
+                r.naive_sample, r.kv_bytes, r.flops, r.copies, r.reps, r.path.c_str());
+  }
+  std::printf("\n]}\n");
+}
+
+void PrintTable(const Limits& limits, int threads, const std::vector<Result>& results) {
+  std::printf("machine: %d threads, LLC %.0f MiB\n", threads, limits.llc_bytes / 1048576.0);
+  std::printf("  read bandwidth   %7.1f GB/s (1 thread)  %7.1f GB/s (%d threads)\n",
+              limits.read_gbs[0], limits.read_gbs[1], threads);
+  std::printf("  f32 FMA peak     %7.1f GFLOP/s          %7.1f GFLOP/s\n", limits.fma_gflops[0],
+              limits.fma_gflops[1]);
+  if (limits.bf16_gflops[0] > 0) {
+    std::printf("  bf16 dot peak    %7.1f GFLOP/s          %7.1f GFLOP/s\n",
+                limits.bf16_gflops[0], limits.bf16_gflops[1]);
+  }
+  std::printf("\n%-12s %3s %10s %12s %8s %9s %8s %7s %10s %8s\n", "workload", "thr", "ms",
+              "tokens/s", "KV GB/s", "GFLOP/s", "bound", "frac", "naive ms", "speedup");
+  for (const Result& r : results) {
+    std::printf("%-12s %3d %10.3f %12.0f %8.1f %9.1f %8s %7.2f %10.1f %8.1f\n", r.name.c_str(),
+                r.threads, r.ms, r.tokens_per_s, r.gbs, r.gflops, r.bound, r.frac, r.naive_ms,
+                r.speedup);
+  }
+}
+
+int RunBench(const BenchArgs& args) {
+  const int threads = internal::ResolveNumThreads(args.threads);
+  std::vector<Workload> workloads;
+  for (const Workload& w : Workloads()) {
+    if (args.only.empty() || std::find(args.only.begin(), args.only.end(), w.name) != args.only.end()) {
+      workloads.push_back(w);
+    }
+  }
+  const int total = static_cast<int>(workloads.size()) + 1;
+  Progress("[0/" + std::to_string(total - 1) + "] measuring the machine's limits");
+  const Limits limits = MeasureLimits(threads, args.quick);
+  std::vector<Result> results;
+  for (size_t i = 0; i < workloads.size(); ++i) {
+    for (Result& r :
+         RunWorkload(workloads[i], limits, threads, args.quick, static_cast<int>(i) + 1,
+                     total - 1)) {
+      results.push_back(r);
+    }
+  }
+  Progress("");
+  std::fprintf(stderr, "\r\033[K");
+  if (args.json) {
+    PrintJson(limits, threads, results);
+  } else {
+    PrintTable(limits, threads, results);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddBenchCommand(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Measure this machine's limits and the kernel against them and a naive baseline");
+  bench->add_flag("--json", args->json, "Print one JSON object instead of a table");
+  bench->add_flag("--quick", args->quick, "Fewer repetitions: the whole run in about a minute");
+  bench->add_option("--only", args->only, "Workloads to run: decode, decode-long, prefill, mixed");
+  bench->add_option("--threads", args->threads,
+                    "Threads for the all-threads runs (0: RPA_NUM_THREADS or all cores)")
+      ->capture_default_str();
+  bench->callback([args] {
+    const int status = RunBench(*args);
+    if (status != 0) throw CLI::RuntimeError(status);
+  });
+}
+
+}  // namespace rpa::tools
