@@ -6,6 +6,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -60,6 +61,9 @@ void BM_Bf16Pv(benchmark::State& state) {
   for (int64_t t = 0; t < tokens; ++t) v_rows[t] = v.data() + t * dim;
   std::vector<float> p(rows * tokens, 0.5f), acc(rows * dim, 0.0f);
   for (auto _ : state) {
+    state.PauseTiming();
+    std::fill(p.begin(), p.end(), 0.5f);  // Consumed by the call.
+    state.ResumeTiming();
     internal::Bf16AccumulatePV(p.data(), tokens, rows, v_rows.data(), tokens, dim, acc.data(),
                                dim);
     benchmark::DoNotOptimize(acc.data());

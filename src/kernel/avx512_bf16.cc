@@ -61,7 +61,9 @@ bool CpuHasAvx512Bf16() {
 namespace {
 
 // Lane i of the result = sum of the lanes of a[i].
-RPA_BF16_TARGET inline __m512 SumEach16(const __m512* a) {
+// always_inline: called out of line, the accumulator array's address escapes
+// and GCC stores all 16 accumulators to the stack on every step.
+RPA_BF16_TARGET __attribute__((always_inline)) inline __m512 SumEach16(const __m512* a) {
   __m512 b[8];
   for (int i = 0; i < 8; ++i) {
     const __m512 x = a[2 * i], y = a[2 * i + 1];
@@ -154,9 +156,10 @@ RPA_BF16_TARGET void LogitsImpl(const uint16_t* q_hi, const uint16_t* q_lo, int6
   }
 }
 
-// acc rows r < valid_rows (of kRows) += sum over key pairs of p * v.
+// acc rows r < valid_rows (of kRows) += sum over key pairs of p * v; p2
+// holds each row's weights as packed bf16 pairs (PackPairs).
 template <int kRows>
-RPA_BF16_TARGET void PvBlock(const float* p, int64_t p_stride, int64_t valid_rows,
+RPA_BF16_TARGET void PvBlock(const uint32_t* p2, int64_t p_stride, int64_t valid_rows,
                              const void* const* v_rows, int64_t tokens, int64_t head_dim,
                              float* acc, int64_t acc_stride) {
   for (int64_t d = 0; d < head_dim; d += 32) {
@@ -179,11 +182,7 @@ RPA_BF16_TARGET void PvBlock(const float* p, int64_t p_stride, int64_t valid_row
       const __m512bh vh = AsBh(_mm512_unpackhi_epi16(v0, v1));
       for (int r = 0; r < kRows; ++r) {
         const int64_t rr = r < valid_rows ? r : 0;
-        // The weights are bf16-exact f32: their high halves are the bf16.
-        uint32_t p0, p1 = 0;
-        std::memcpy(&p0, p + rr * p_stride + t, 4);
-        if (t + 1 < tokens) std::memcpy(&p1, p + rr * p_stride + t + 1, 4);
-        const __m512bh pp = AsBh(_mm512_set1_epi32(static_cast<int>((p0 >> 16) | (p1 & 0xFFFF0000u))));
+        const __m512bh pp = AsBh(_mm512_set1_epi32(static_cast<int>(p2[rr * p_stride + t / 2])));
         lo[r] = _mm512_dpbf16_ps(lo[r], pp, vl);
         hi[r] = _mm512_dpbf16_ps(hi[r], pp, vh);
       }
@@ -208,21 +207,35 @@ void Bf16Logits(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride, in
   }
 }
 
-void Bf16AccumulatePV(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
+void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
                       int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride) {
   if (tokens <= 0) return;
+  // Pack each row's weights in place into bf16 pairs (key 2i low, 2i + 1
+  // high): the weights are bf16-exact f32, so their high halves are the bf16.
+  // Done once per tile instead of once per 32-dim chunk.
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = p + r * p_stride;
+    uint32_t* packed = reinterpret_cast<uint32_t*>(row);
+    for (int64_t i = 0; i < tokens; i += 2) {
+      uint32_t p0, p1 = 0;
+      std::memcpy(&p0, row + i, 4);
+      if (i + 1 < tokens) std::memcpy(&p1, row + i + 1, 4);
+      packed[i / 2] = (p0 >> 16) | (p1 & 0xFFFF0000u);
+    }
+  }
+  const uint32_t* p2 = reinterpret_cast<const uint32_t*>(p);
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    PvBlock<4>(p + r * p_stride, p_stride, 4, v_rows, tokens, head_dim, acc + r * acc_stride,
+    PvBlock<4>(p2 + r * p_stride, p_stride, 4, v_rows, tokens, head_dim, acc + r * acc_stride,
                acc_stride);
   }
   if (rows - r >= 2) {
-    PvBlock<2>(p + r * p_stride, p_stride, 2, v_rows, tokens, head_dim, acc + r * acc_stride,
+    PvBlock<2>(p2 + r * p_stride, p_stride, 2, v_rows, tokens, head_dim, acc + r * acc_stride,
                acc_stride);
     r += 2;
   }
   if (rows - r == 1) {
-    PvBlock<1>(p + r * p_stride, p_stride, 1, v_rows, tokens, head_dim, acc + r * acc_stride,
+    PvBlock<1>(p2 + r * p_stride, p_stride, 1, v_rows, tokens, head_dim, acc + r * acc_stride,
                acc_stride);
   }
 }
@@ -232,7 +245,7 @@ void Bf16AccumulatePV(const float* p, int64_t p_stride, int64_t rows, const void
 bool CpuHasAvx512Bf16() { return false; }
 void Bf16Logits(const uint16_t*, const uint16_t*, int64_t, int64_t, const void* const*, int64_t,
                 int64_t, float*, int64_t) {}
-void Bf16AccumulatePV(const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
+void Bf16AccumulatePV(float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
                       float*, int64_t) {}
 
 #endif  // RPA_HAVE_X86

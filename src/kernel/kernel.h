@@ -86,9 +86,10 @@ void Bf16Logits(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride, in
                 int64_t s_stride);
 
 // acc_r += sum_i p[r * p_stride + i] * v_i for r < rows, with p exactly
-// representable in bf16. acc rows (acc_stride floats, >= RoundUp(head_dim,
-// 32)) are kept in the interleaved order of Bf16AccIndex.
-void Bf16AccumulatePV(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
+// representable in bf16 (p is packed in place, so consumed). acc rows
+// (acc_stride floats, >= RoundUp(head_dim, 32)) are kept in the interleaved
+// order of Bf16AccIndex.
+void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
                       int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride);
 
 // Where dimension d lives in a Bf16AccumulatePV accumulator row: within each
