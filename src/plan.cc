@@ -2,16 +2,13 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
+
+#include "rpa/block_sizes.h"
 
 namespace rpa::internal {
 namespace {
 
-// Default tiles. ~64 rows of queries share each K/V tile (rows = tokens x q
-// heads per kv head): enough to amortize loading it, small enough that the
-// rows' logits and accumulators stay in L1/L2. ~256 keys per KV tile keeps
-// the per-tile softmax bookkeeping small next to the products.
-constexpr int64_t kTargetRows = 64;
-constexpr int64_t kTargetKeys = 256;
 // A task's fixed cost (q load, output store, tile setup) in cost units.
 constexpr int64_t kTaskOverhead = 2048;
 // Split long KV ranges until every thread has about this many tasks.
@@ -33,31 +30,28 @@ int64_t ScratchBytes(const AttentionProblem& problem, int64_t q_tile, int64_t kv
 }
 
 TileSizes ChooseTileSizes(const AttentionProblem& problem) {
-  TileSizes tiles;
-  const int64_t group = problem.QueriesPerKvHead();
-  const int64_t pages_per_seq = std::max<int64_t>(problem.pages_per_seq, 1);
-  tiles.q_tile = problem.num_queries_per_block > 0
-                     ? problem.num_queries_per_block
-                     : std::max<int64_t>(1, kTargetRows / group);
-  tiles.pages_per_block =
-      problem.num_kv_pages_per_block > 0
-          ? problem.num_kv_pages_per_block
-          : std::clamp<int64_t>(CeilDiv(kTargetKeys, problem.page_size), 1, pages_per_seq);
-  if (problem.vmem_limit_bytes > 0) {
-    // Shrink what the library chose (never what the caller gave) to fit.
-    while (ScratchBytes(problem, tiles.q_tile, tiles.pages_per_block * problem.page_size) >
-           problem.vmem_limit_bytes) {
-      if (problem.num_kv_pages_per_block <= 0 && tiles.pages_per_block > 1) {
-        tiles.pages_per_block = CeilDiv(tiles.pages_per_block, 2) == tiles.pages_per_block
-                                    ? tiles.pages_per_block - 1
-                                    : CeilDiv(tiles.pages_per_block, 2);
-      } else if (problem.num_queries_per_block <= 0 && tiles.q_tile > 1) {
-        tiles.q_tile = tiles.q_tile / 2;
-      } else {
-        break;
-      }
-    }
+  // Sizes the caller left out come from the block-size chooser (SPEC §4:
+  // tuned table, nearest entry, or the cache heuristic), which also fits
+  // them into vmem_limit_bytes.
+  BlockSizes chosen;
+  if (problem.num_kv_pages_per_block <= 0 || problem.num_queries_per_block <= 0) {
+    const BlockSizeConfig config{problem.q_dtype,      problem.kv_dtype,
+                                 problem.num_q_heads,  problem.num_kv_heads,
+                                 problem.head_dim,     problem.page_size,
+                                 problem.num_tokens,   problem.page_size * problem.pages_per_seq};
+    chosen = ChooseBlockSizes(config, problem.vmem_limit_bytes > 0
+                                          ? std::optional<int64_t>(problem.vmem_limit_bytes)
+                                          : std::nullopt)
+                 .sizes;
   }
+  TileSizes tiles;
+  tiles.q_tile = problem.num_queries_per_block > 0 ? problem.num_queries_per_block
+                                                   : chosen.num_queries_per_block;
+  tiles.pages_per_block = problem.num_kv_pages_per_block > 0 ? problem.num_kv_pages_per_block
+                                                             : chosen.num_kv_pages_per_block;
+  // A query tile taller than the batch computes nothing more; capping it
+  // keeps a huge (valid) num_queries_per_block from sizing huge scratch.
+  tiles.q_tile = std::clamp<int64_t>(tiles.q_tile, 1, std::max<int64_t>(problem.num_tokens, 1));
   return tiles;
 }
 

@@ -23,11 +23,21 @@ bool IsKvDtype(DType d) {
   return IsQDtype(d) || d == DType::kF8E4M3FN || d == DType::kF8E5M2 || d == DType::kI8;
 }
 
+// Views come from other people's code: an extent below 0 is a broken view.
+void CheckNonNegativeExtents(const TensorView& t, std::string_view name) {
+  for (int d = 0; d < t.rank; ++d) {
+    RPA_CHECK(t.shape[d] >= 0, ErrorKind::kShape,
+              StrCat(name, ".shape=", t.ShapeString(), " must not have a negative dimension."),
+              StrCat("Pass a valid view of ", name, "."));
+  }
+}
+
 void CheckRank(const TensorView& t, std::string_view name, int rank, std::string_view dims) {
   RPA_CHECK(t.rank == rank, ErrorKind::kShape,
             StrCat(name, ".shape=", t.ShapeString(), " must have ", rank, " dimensions ", dims,
                    "."),
             StrCat("Pass ", name, " as a ", rank, "-dimensional array ", dims, "."));
+  CheckNonNegativeExtents(t, name);
 }
 
 void CheckPositiveExtent(int64_t extent, std::string_view name, std::string_view fix) {
@@ -140,8 +150,8 @@ void BindSinks(const TensorView& sinks, AttentionProblem& p) {
   CheckInnermostContiguous(sinks, "sinks");
   const auto* values = static_cast<const float*>(sinks.data);
   for (int64_t h = 0; h < p.num_q_heads; ++h) {
-    RPA_CHECK(!std::isnan(values[h]), ErrorKind::kOption,
-              StrCat("sinks[", h, "]=nan must not be NaN."),
+    RPA_CHECK(!std::isnan(values[h]) && values[h] != INFINITY, ErrorKind::kOption,
+              StrCat("sinks[", h, "]=", static_cast<double>(values[h]), " must not be NaN or +inf."),
               "Pass a finite logit, or -inf for a head without a sink.");
   }
   p.sinks = values;
@@ -232,6 +242,9 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   CheckPositiveExtent(p.page_size, "page_size",
                       StrCat("Pages must hold at least one token; fix ", cache_name, "'s page_size dimension."));
 
+  CheckNonNegativeExtents(in.kv_lens, "kv_lens");
+  CheckNonNegativeExtents(in.cu_q_lens, "cu_q_lens");
+
   // JAX's static checks, in JAX's order.
   RPA_CHECK(in.num_seqs.rank == 1 && in.num_seqs.shape[0] == 1, ErrorKind::kShape,
             StrCat("num_seqs.shape=", in.num_seqs.ShapeString(), " must be (1,)"),
@@ -239,7 +252,7 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   const int64_t q_head_dim = in.q.shape[2];
   RPA_CHECK(q_head_dim == p.head_dim, ErrorKind::kShape,
             StrCat("Q head_dim ", q_head_dim, " must be the same as that of K/V ", p.head_dim, "."),
-            "Q, K and V must share one head_dim: q.shape[2] == kv_pages.shape[3].");
+            StrCat("Q, K and V must share one head_dim: q.shape[2] == ", cache_name, ".shape[3]."));
   RPA_CHECK(in.kv_lens.rank == 1 && in.kv_lens.shape[0] == p.max_num_seqs, ErrorKind::kShape,
             StrCat("Expected kv_lens.shape=", in.kv_lens.ShapeString(), " to be (", p.max_num_seqs,
                    ",) where `max_num_seqs` is `page_indices.shape[0]`."),
@@ -440,6 +453,7 @@ AttentionProblem ValidatePagedAttention(const TensorView& q, const TensorView& k
   CheckRank(k_pages, "k_pages", 4, kCacheDims);
   CheckRank(v_pages, "v_pages", 4, kCacheDims);
   CheckRank(page_indices, "page_indices", 2, "[batch_size, pages_per_sequence]");
+  CheckNonNegativeExtents(lengths, "lengths");
   const int64_t batch_size = q.shape[0];
   const int64_t num_q_heads = q.shape[1];
   const int64_t head_dim = q.shape[2];

@@ -382,6 +382,7 @@ TEST(PlanTest, TasksCoverEveryVisibleKeyOnce) {
   std::vector<int32_t> cu = {0, 1, 2, 102};
   std::vector<int32_t> pages(3 * 400, 0);
   AttentionProblem p;
+  p.num_tokens = 102;
   p.num_q_heads = 8;
   p.num_kv_heads = 2;
   p.head_dim = 64;
@@ -432,6 +433,7 @@ TEST(PlanTest, TasksCoverEveryVisibleKeyOnce) {
 
 TEST(PlanTest, AutomaticBlocksClampToPagesPerSeq) {
   AttentionProblem p;
+  p.num_tokens = 16;
   p.num_q_heads = 4;
   p.num_kv_heads = 4;
   p.head_dim = 8;

@@ -7,6 +7,7 @@
 namespace rpa::tools {
 
 void AddDemoCommand(CLI::App& app);
+void AddTuneCommands(CLI::App& app);  // tune, explain
 void AddBenchCommand(CLI::App& app);  // bench
 
 }  // namespace rpa::tools

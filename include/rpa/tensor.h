@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "rpa/dtype.h"
+#include "rpa/error.h"
 
 namespace rpa {
 
@@ -32,7 +33,7 @@ struct BasicTensorView {
 
   // A row-major contiguous view.
   BasicTensorView(Byte* data_in, DType dtype_in, std::initializer_list<int64_t> shape_in)
-      : data(data_in), dtype(dtype_in), rank(static_cast<int>(shape_in.size())) {
+      : data(data_in), dtype(dtype_in), rank(CheckedRank(shape_in.size())) {
     int d = 0;
     for (int64_t extent : shape_in) shape[d++] = extent;
     int64_t stride = 1;
@@ -45,7 +46,11 @@ struct BasicTensorView {
   // A view with explicit strides (elements).
   BasicTensorView(Byte* data_in, DType dtype_in, std::initializer_list<int64_t> shape_in,
                   std::initializer_list<int64_t> strides_in)
-      : data(data_in), dtype(dtype_in), rank(static_cast<int>(shape_in.size())) {
+      : data(data_in), dtype(dtype_in), rank(CheckedRank(shape_in.size())) {
+    if (strides_in.size() != shape_in.size()) {
+      throw Error(ErrorKind::kShape, "A TensorView needs one stride per dimension. Pass as many "
+                                     "strides as extents.");
+    }
     int d = 0;
     for (int64_t extent : shape_in) shape[d++] = extent;
     d = 0;
@@ -57,6 +62,15 @@ struct BasicTensorView {
   BasicTensorView(const BasicTensorView<Other>& other)  // NOLINT: intended implicit.
       : data(other.data), dtype(other.dtype), rank(other.rank), shape(other.shape),
         strides(other.strides) {}
+
+  static int CheckedRank(size_t rank) {
+    if (rank > kMaxRank) {
+      throw Error(ErrorKind::kShape, "A TensorView has at most " + std::to_string(kMaxRank) +
+                                         " dimensions; got " + std::to_string(rank) +
+                                         ". Pass rpa's tensors with their documented rank.");
+    }
+    return static_cast<int>(rank);
+  }
 
   int64_t NumElements() const {
     int64_t n = 1;

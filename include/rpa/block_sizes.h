@@ -1,0 +1,66 @@
+// Block sizes that pick themselves (SPEC §4): a tuned table, the nearest
+// tuned entry, or a heuristic from this CPU's caches, always clamped to
+// [1, pages_per_seq] so an automatic choice can never be rejected.
+#ifndef RPA_BLOCK_SIZES_H_
+#define RPA_BLOCK_SIZES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "rpa/dtype.h"
+
+namespace rpa {
+
+// The table key (SPEC §4). max_model_len = page_size * pages_per_seq.
+struct BlockSizeConfig {
+  DType q_dtype = DType::kBF16;
+  DType kv_dtype = DType::kBF16;
+  int64_t num_q_heads = 32;
+  int64_t num_kv_heads = 8;
+  int64_t head_dim = 128;
+  int64_t page_size = 16;
+  int64_t max_num_batched_tokens = 512;
+  int64_t max_model_len = 2048;
+
+  int64_t PagesPerSeq() const { return (max_model_len + page_size - 1) / page_size; }
+};
+
+struct BlockSizes {
+  int64_t num_kv_pages_per_block = 1;
+  int64_t num_queries_per_block = 1;
+  bool operator==(const BlockSizes&) const = default;
+};
+
+enum class BlockSizeSource { kTable, kNearest, kHeuristic };
+const char* ToString(BlockSizeSource source);
+
+struct BlockSizeChoice {
+  BlockSizes sizes;
+  BlockSizeSource source = BlockSizeSource::kHeuristic;
+  std::string explanation;  // Which entry or which heuristic, with its numbers.
+};
+
+// What the library uses when the caller passes no block sizes. vmem_limit_bytes
+// caps one worker's scratch. Never throws; the result is in [1, pages_per_seq]
+// (pages, at least 1 even when pages_per_seq is 0) and >= 1 (queries).
+BlockSizeChoice ChooseBlockSizes(const BlockSizeConfig& config,
+                                 std::optional<int64_t> vmem_limit_bytes = std::nullopt);
+
+// JAX's get_tuned_block_sizes: (num_kv_pages_per_block, num_queries_per_block).
+BlockSizes GetTunedBlockSizes(DType q_dtype, DType kv_dtype, int64_t num_q_heads,
+                              int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
+                              int64_t max_num_batched_tokens, int64_t pages_per_seq);
+
+// Loads a user table (rpa tune's JSON), which then takes precedence over the
+// shipped one; RPA_TUNED_BLOCK_SIZES names one loaded on first use. A file
+// that cannot be read or parsed is ignored with a warning on stderr naming
+// it; returns whether it was loaded. An empty path unloads the user table.
+bool LoadTunedBlockSizes(const std::string& path);
+
+// The CPU this process runs on, as table files record it.
+std::string CpuModelName();
+
+}  // namespace rpa
+
+#endif  // RPA_BLOCK_SIZES_H_

@@ -1,0 +1,364 @@
+// `rpa tune`: sweep block sizes on this machine and write a tuned table;
+// `rpa tune --check`: compare the automatic choice with the sweep's best;
+// `rpa explain`: which block sizes the library would choose, and why.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "block_sizes_internal.h"
+#include "commands.h"
+#include "rpa/rpa.h"
+#include "rpa/block_sizes.h"
+#include "synthetic_batch.h"
+#include "workloads.h"
+
+namespace rpa::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct TuneArgs {
+  std::vector<std::string> presets;
+  std::string config_file;
+  std::string output = "tuned_block_sizes.json";
+  std::string q_dtype = "bf16";
+  std::string kv_dtype = "bf16";
+  int64_t page_size = 16;
+  int64_t max_model_len = 4096;
+  int threads = 0;
+  bool quick = false;
+  bool check = false;
+  bool json = false;
+};
+
+DType ParseDTypeOrThrow(const std::string& name) {
+  const std::optional<DType> dtype = DTypeFromString(name);
+  if (!dtype) throw CLI::ValidationError("dtype", "unknown dtype '" + name + "'");
+  return *dtype;
+}
+
+std::vector<HeadConfig> SelectedConfigs(const TuneArgs& args) {
+  std::vector<HeadConfig> configs;
+  if (!args.config_file.empty()) {
+    // {"configs": [{"name": ..., "num_q_heads": ..., "num_kv_heads": ..., "head_dim": ...}]}
+    std::ifstream file(args.config_file);
+    if (!file) throw CLI::ValidationError("--config", "cannot read " + args.config_file);
+    const nlohmann::json json = nlohmann::json::parse(file);
+    for (const nlohmann::json& c : json.at("configs")) {
+      configs.push_back({c.value("name", "config"), c.at("num_q_heads").get<int64_t>(),
+                         c.at("num_kv_heads").get<int64_t>(), c.at("head_dim").get<int64_t>()});
+    }
+  }
+  for (const HeadConfig& preset : ModelPresets()) {
+    const bool wanted = args.presets.empty() ? configs.empty()
+                                             : std::find(args.presets.begin(), args.presets.end(),
+                                                         preset.name) != args.presets.end();
+    if (wanted) configs.push_back(preset);
+  }
+  if (configs.empty()) throw CLI::ValidationError("--preset", "no such preset");
+  return configs;
+}
+
+struct Workload {
+  std::string name;
+  std::vector<SequenceShape> sequences;
+};
+
+std::vector<Workload> Workloads(bool quick) {
+  return {{"decode", DecodeSequences()},
+          {"prefill", PrefillSequences(quick ? 1024 : 2048)},
+          {"mixed", MixedSequences()}};
+}
+
+double MedianMs(const SyntheticBatch& batch, const AttentionOptions& options, int reps,
+                std::vector<uint8_t>& out) {
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    const Clock::time_point start = Clock::now();
+    RaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), batch.PageIndices(),
+                         batch.CuQLens(), batch.NumSeqs(), options, batch.OutView(out));
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+struct Candidate {
+  BlockSizes sizes;
+  double ms = 0.0;
+};
+
+struct SweepResult {
+  BlockSizes best;
+  double best_ms = 0.0;
+  int measured = 0;
+};
+
+// Candidates: KV tiles of 1..128 pages up to 2048 tokens, query tiles of
+// 8..256 (only 1 when every q_len is 1: the query tile cannot matter).
+std::vector<Candidate> Candidates(const BlockSizeConfig& config, int32_t max_q_len) {
+  std::vector<Candidate> candidates;
+  std::vector<int64_t> queries = {1};
+  if (max_q_len > 1) queries = {8, 16, 32, 64, 128, 256};
+  for (int64_t pages = 1; pages <= 128; pages *= 2) {
+    if (pages > config.PagesPerSeq() || pages * config.page_size > 2048) break;
+    for (int64_t q : queries) {
+      if (q > 2 * max_q_len && q != queries.front()) continue;
+      candidates.push_back({{pages, q}, 0.0});
+    }
+  }
+  return candidates;
+}
+
+class Progress {
+ public:
+  explicit Progress(int total) : total_(total), start_(Clock::now()) {}
+  void Step(const std::string& what) {
+    ++done_;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double left = done_ > 0 ? elapsed / done_ * (total_ - done_) : 0.0;
+    const int width = 30;
+    const int filled = total_ > 0 ? width * done_ / total_ : width;
+    std::fprintf(stderr, "\r[%s%s] %d/%d %-36s %5.0fs elapsed, ~%4.0fs left", std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), done_, total_, what.c_str(), elapsed, left);
+    if (done_ >= total_) std::fprintf(stderr, "\n");
+  }
+  void Extend(int more) { total_ += more; }
+
+ private:
+  int total_;
+  int done_ = 0;
+  Clock::time_point start_;
+};
+
+// Measures every candidate once, then the ones within 25% of the best again
+// with more repetitions: hopeless candidates are pruned after one run.
+SweepResult Sweep(const SyntheticBatch& batch, const BlockSizeConfig& config, int32_t max_q_len,
+                  const AttentionOptions& base, bool quick, Progress& progress,
+                  const std::string& label) {
+  std::vector<Candidate> candidates = Candidates(config, max_q_len);
+  std::vector<uint8_t> out = batch.NewOutput();
+  SweepResult result;
+  double best = 1e300;
+  for (Candidate& c : candidates) {
+    AttentionOptions options = base;
+    options.num_kv_pages_per_block = c.sizes.num_kv_pages_per_block;
+    options.num_queries_per_block = c.sizes.num_queries_per_block;
+    MedianMs(batch, options, 1, out);  // Warm.
+    c.ms = MedianMs(batch, options, 1, out);
+    best = std::min(best, c.ms);
+    ++result.measured;
+    progress.Step(label);
+  }
+  const int reps = quick ? 3 : 7;
+  result.best_ms = 1e300;
+  for (Candidate& c : candidates) {
+    if (c.ms > 1.25 * best) continue;
+    AttentionOptions options = base;
+    options.num_kv_pages_per_block = c.sizes.num_kv_pages_per_block;
+    options.num_queries_per_block = c.sizes.num_queries_per_block;
+    c.ms = MedianMs(batch, options, reps, out);
+    if (c.ms < result.best_ms) {
+      result.best_ms = c.ms;
+      result.best = c.sizes;
+    }
+  }
+  return result;
+}
+
+int RunTune(const TuneArgs& args) {
+  const DType q_dtype = ParseDTypeOrThrow(args.q_dtype);
+  const DType kv_dtype = ParseDTypeOrThrow(args.kv_dtype);
+  const std::vector<HeadConfig> configs = SelectedConfigs(args);
+  const std::vector<Workload> workloads = Workloads(args.quick);
+
+  AttentionOptions base;
+  if (args.threads > 0) base.num_threads = args.threads;
+
+  // Estimate the total for the progress bar: one step per candidate.
+  int total = 0;
+  std::vector<BlockSizeConfig> keys;
+  for (const HeadConfig& head : configs) {
+    for (const Workload& w : workloads) {
+      BlockSizeConfig key{q_dtype, kv_dtype, head.num_q_heads, head.num_kv_heads, head.head_dim,
+                          args.page_size, 0, args.max_model_len};
+      int32_t max_q = 0;
+      for (const SequenceShape& s : w.sequences) {
+        key.max_num_batched_tokens += s.q_len;
+        max_q = std::max(max_q, s.q_len);
+      }
+      total += static_cast<int>(Candidates(key, max_q).size());
+      keys.push_back(key);
+    }
+  }
+  Progress progress(total);
+
+  internal::TunedTable table;
+  table.cpu = CpuModelName();
+  nlohmann::json checks = nlohmann::json::array();
+  size_t key_index = 0;
+  for (const HeadConfig& head : configs) {
+    for (const Workload& w : workloads) {
+      const BlockSizeConfig& key = keys[key_index++];
+      BatchSpec spec;
+      spec.num_q_heads = head.num_q_heads;
+      spec.num_kv_heads = head.num_kv_heads;
+      spec.head_dim = head.head_dim;
+      spec.page_size = args.page_size;
+      spec.q_dtype = q_dtype;
+      spec.kv_dtype = kv_dtype;
+      spec.sequences = w.sequences;
+      spec.pages_per_seq = key.PagesPerSeq();
+      spec.nan_beyond_kv_len = false;
+      const SyntheticBatch batch = MakeSyntheticBatch(spec);
+      int32_t max_q = 0;
+      for (const SequenceShape& s : w.sequences) max_q = std::max(max_q, s.q_len);
+
+      const SweepResult sweep =
+          Sweep(batch, key, max_q, base, args.quick, progress, head.name + " " + w.name);
+      table.entries.push_back({key, sweep.best});
+
+      if (args.check) {
+        std::vector<uint8_t> out = batch.NewOutput();
+        const int reps = args.quick ? 3 : 7;
+        const BlockSizeChoice automatic = ChooseBlockSizes(key);
+        const double auto_ms = MedianMs(batch, base, reps, out);
+        AttentionOptions fixed = base;
+        fixed.num_kv_pages_per_block = std::min<int64_t>(8, key.PagesPerSeq());
+        fixed.num_queries_per_block = 64;
+        const double default_ms = MedianMs(batch, fixed, reps, out);
+        checks.push_back({{"preset", head.name},
+                          {"workload", w.name},
+                          {"auto_ms", auto_ms},
+                          {"best_ms", sweep.best_ms},
+                          {"default_ms", default_ms},
+                          {"auto", {automatic.sizes.num_kv_pages_per_block, automatic.sizes.num_queries_per_block}},
+                          {"auto_source", ToString(automatic.source)},
+                          {"best", {sweep.best.num_kv_pages_per_block, sweep.best.num_queries_per_block}},
+                          {"auto_over_best", auto_ms / sweep.best_ms},
+                          {"auto_over_default", auto_ms / default_ms},
+                          {"candidates", sweep.measured}});
+      }
+    }
+  }
+
+  std::ofstream file(args.output);
+  file << internal::SerializeTunedTable(table);
+  if (!file) {
+    std::fprintf(stderr, "rpa tune: cannot write %s\n", args.output.c_str());
+    return 1;
+  }
+  if (args.json) {
+    nlohmann::json report;
+    report["cpu"] = table.cpu;
+    report["table"] = args.output;
+    report["checks"] = checks;
+    std::cout << report.dump(2) << std::endl;
+    return 0;
+  }
+  std::printf("wrote %zu entries to %s (cpu: %s)\n", table.entries.size(), args.output.c_str(),
+              table.cpu.c_str());
+  if (args.check) {
+    std::printf("%-16s %-8s %9s %9s %10s %9s %9s  %s\n", "preset", "workload", "auto_ms", "best_ms",
+                "default_ms", "auto/best", "auto/def", "auto (pages,q) / best");
+    for (const nlohmann::json& c : checks) {
+      std::printf("%-16s %-8s %9.3f %9.3f %10.3f %9.3f %9.3f  (%lld,%lld) %s / (%lld,%lld)\n",
+                  c["preset"].get<std::string>().c_str(), c["workload"].get<std::string>().c_str(),
+                  c["auto_ms"].get<double>(), c["best_ms"].get<double>(), c["default_ms"].get<double>(),
+                  c["auto_over_best"].get<double>(), c["auto_over_default"].get<double>(),
+                  static_cast<long long>(c["auto"][0].get<int64_t>()),
+                  static_cast<long long>(c["auto"][1].get<int64_t>()),
+                  c["auto_source"].get<std::string>().c_str(),
+                  static_cast<long long>(c["best"][0].get<int64_t>()),
+                  static_cast<long long>(c["best"][1].get<int64_t>()));
+    }
+  }
+  return 0;
+}
+
+struct ExplainArgs {
+  std::string preset;
+  int64_t num_q_heads = 32;
+  int64_t num_kv_heads = 8;
+  int64_t head_dim = 128;
+  int64_t page_size = 16;
+  int64_t max_num_batched_tokens = 512;
+  int64_t max_model_len = 4096;
+  std::string q_dtype = "bf16";
+  std::string kv_dtype = "bf16";
+  int64_t vmem_limit_bytes = 0;
+  std::string table;
+};
+
+int RunExplain(const ExplainArgs& args) {
+  BlockSizeConfig config{ParseDTypeOrThrow(args.q_dtype), ParseDTypeOrThrow(args.kv_dtype),
+                         args.num_q_heads, args.num_kv_heads, args.head_dim, args.page_size,
+                         args.max_num_batched_tokens, args.max_model_len};
+  if (!args.preset.empty()) {
+    const auto& presets = ModelPresets();
+    const auto it = std::find_if(presets.begin(), presets.end(),
+                                 [&](const HeadConfig& h) { return h.name == args.preset; });
+    if (it == presets.end()) throw CLI::ValidationError("--preset", "no such preset " + args.preset);
+    config.num_q_heads = it->num_q_heads;
+    config.num_kv_heads = it->num_kv_heads;
+    config.head_dim = it->head_dim;
+  }
+  if (!args.table.empty() && !LoadTunedBlockSizes(args.table)) return 1;
+  const BlockSizeChoice choice =
+      ChooseBlockSizes(config, args.vmem_limit_bytes > 0 ? std::optional<int64_t>(args.vmem_limit_bytes)
+                                                         : std::nullopt);
+  std::printf("num_kv_pages_per_block=%lld num_queries_per_block=%lld  (%s; pages_per_seq=%lld)\n",
+              static_cast<long long>(choice.sizes.num_kv_pages_per_block),
+              static_cast<long long>(choice.sizes.num_queries_per_block), ToString(choice.source),
+              static_cast<long long>(config.PagesPerSeq()));
+  std::printf("why: %s\n", choice.explanation.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void AddTuneCommands(CLI::App& app) {
+  auto tune = std::make_shared<TuneArgs>();
+  CLI::App* t = app.add_subcommand("tune", "Sweep block sizes on this machine and write a tuned table");
+  t->add_option("--preset", tune->presets, "Model presets (default: all): llama3-8b, llama3-70b-tp8, qwen-28-4, gemma-hd256, mqa");
+  t->add_option("--config", tune->config_file, "JSON {\"configs\": [{name, num_q_heads, num_kv_heads, head_dim}]}");
+  t->add_option("--output", tune->output, "Table file to write")->capture_default_str();
+  t->add_option("--q-dtype", tune->q_dtype, "Query dtype")->capture_default_str();
+  t->add_option("--kv-dtype", tune->kv_dtype, "KV dtype")->capture_default_str();
+  t->add_option("--page-size", tune->page_size, "Tokens per page")->capture_default_str();
+  t->add_option("--max-model-len", tune->max_model_len, "page_size * pages_per_seq")->capture_default_str();
+  t->add_option("--threads", tune->threads, "Worker threads (0: all)")->capture_default_str();
+  t->add_flag("--quick", tune->quick, "Shorter prefill and fewer repetitions (about 5 minutes for all presets)");
+  t->add_flag("--check", tune->check, "Also time the automatic choice and JAX's default (8, 64) against the best");
+  t->add_flag("--json", tune->json, "Print the checks as one JSON object");
+  t->callback([tune] {
+    if (const int status = RunTune(*tune); status != 0) throw CLI::RuntimeError(status);
+  });
+
+  auto explain = std::make_shared<ExplainArgs>();
+  CLI::App* e = app.add_subcommand("explain", "Print the block sizes the library would choose, and why");
+  e->add_option("--preset", explain->preset, "A model preset instead of the head options");
+  e->add_option("--num-q-heads", explain->num_q_heads)->capture_default_str();
+  e->add_option("--num-kv-heads", explain->num_kv_heads)->capture_default_str();
+  e->add_option("--head-dim", explain->head_dim)->capture_default_str();
+  e->add_option("--page-size", explain->page_size)->capture_default_str();
+  e->add_option("--max-num-batched-tokens", explain->max_num_batched_tokens)->capture_default_str();
+  e->add_option("--max-model-len", explain->max_model_len)->capture_default_str();
+  e->add_option("--q-dtype", explain->q_dtype)->capture_default_str();
+  e->add_option("--kv-dtype", explain->kv_dtype)->capture_default_str();
+  e->add_option("--vmem-limit-bytes", explain->vmem_limit_bytes, "Per-worker scratch budget (0: none)");
+  e->add_option("--table", explain->table, "Load this tuned table first (as RPA_TUNED_BLOCK_SIZES does)");
+  e->callback([explain] {
+    if (const int status = RunExplain(*explain); status != 0) throw CLI::RuntimeError(status);
+  });
+}
+
+}  // namespace rpa::tools

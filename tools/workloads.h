@@ -1,0 +1,33 @@
+// The representative serving steps that `rpa bench` and `rpa tune` measure,
+// for any model's head configuration.
+#ifndef RPA_TOOLS_WORKLOADS_H_
+#define RPA_TOOLS_WORKLOADS_H_
+
+#include <string>
+#include <vector>
+
+#include "synthetic_batch.h"
+
+namespace rpa::tools {
+
+struct HeadConfig {
+  std::string name;
+  int64_t num_q_heads = 32;
+  int64_t num_kv_heads = 8;
+  int64_t head_dim = 128;
+};
+
+// Model presets: Llama-3-8B, a Llama-3-70B tensor-parallel shard (8 of 64 q
+// heads, 1 of 8 kv heads), Qwen-style 28/4, Gemma-style head_dim 256, MQA.
+const std::vector<HeadConfig>& ModelPresets();
+
+// decode: 16 x (q 1, kv 1024). prefill: 1 x (q = kv = prefill_len).
+// mixed: JAX's mixed test shape, 16 sequences of q_len 1 and chunked
+// prefills up to 251 tokens over histories up to 1328.
+std::vector<SequenceShape> DecodeSequences();
+std::vector<SequenceShape> PrefillSequences(int32_t prefill_len);
+std::vector<SequenceShape> MixedSequences();
+
+}  // namespace rpa::tools
+
+#endif  // RPA_TOOLS_WORKLOADS_H_
