@@ -45,9 +45,22 @@ void CheckPositiveExtent(int64_t extent, std::string_view name, std::string_view
             fix);
 }
 
+// Elements are read as typed loads: a view at an address that is not a
+// multiple of its element size (possible from a raw or NumPy buffer) would be
+// undefined behaviour, so it is rejected rather than misread.
+void CheckAligned(const TensorView& t, std::string_view name) {
+  const size_t size = SizeOf(t.dtype);
+  RPA_CHECK(reinterpret_cast<uintptr_t>(t.data) % size == 0, ErrorKind::kLayout,
+            StrCat(name, " must be aligned to its ", static_cast<int64_t>(size),
+                   "-byte elements; its data starts at an address that is not."),
+            StrCat("Pass ", name, " in a buffer aligned to its dtype (a copy is), not at an odd "
+                   "byte offset."));
+}
+
 // Only the innermost dimension must be contiguous; an extent of 1 may carry
 // any stride (NumPy and PyTorch give such strides arbitrary values).
 void CheckInnermostContiguous(const TensorView& t, std::string_view name) {
+  CheckAligned(t, name);
   if (t.rank == 0) return;
   const int last = t.rank - 1;
   if (t.shape[last] <= 1) return;
@@ -328,6 +341,7 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   CheckInnermostContiguous(in.kv_lens, "kv_lens");
   CheckInnermostContiguous(in.page_indices, "page_indices");
   CheckInnermostContiguous(in.cu_q_lens, "cu_q_lens");
+  CheckAligned(in.num_seqs, "num_seqs");
   if (options.sinks) BindSinks(*options.sinks, p);
   if (options.lse) BindLse(*options.lse, p);
 
@@ -339,7 +353,8 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   p.sm_scale = static_cast<float>(options.sm_scale);
   p.mask_value = static_cast<float>(options.mask_value.value_or(kDefaultMaskValue));
   p.soft_cap = static_cast<float>(options.soft_cap.value_or(0.0));
-  p.sliding_window = options.sliding_window.value_or(0);
+  // kv_len fits in int32, so a wider window masks nothing: it is no window.
+  p.sliding_window = options.sliding_window.value_or(0) > INT32_MAX ? 0 : options.sliding_window.value_or(0);
   p.k_scale = static_cast<float>(options.k_scale.value_or(1.0));
   p.v_scale = static_cast<float>(options.v_scale.value_or(1.0));
   p.num_kv_pages_per_block = options.num_kv_pages_per_block.value_or(0);
@@ -569,7 +584,8 @@ AttentionProblem ValidatePagedAttention(const TensorView& q, const TensorView& k
   p.mask_value = static_cast<float>(options.mask_value);
   p.soft_cap = static_cast<float>(options.attn_logits_soft_cap.value_or(0.0));
   // The compute block is JAX's KV tile; any divisor of the row fits ours.
-  p.num_kv_pages_per_block = options.pages_per_compute_block;
+  p.num_kv_pages_per_block =
+      std::min<int64_t>(options.pages_per_compute_block, std::max<int64_t>(pages_per_sequence, 1));
   p.num_threads = options.num_threads.value_or(0);
   BindOutput(q, out, p);
   // A length-0 slot is a padded batch entry: its query sees no key and its

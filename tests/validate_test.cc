@@ -900,6 +900,16 @@ TEST_F(ValidateRaggedTest, SinksPositiveInfinity) {
                  "without a sink.");
 }
 
+TEST_F(ValidateRaggedTest, MisalignedViewIsRejected) {
+  // A float32 view one byte into its buffer.
+  q_ = TensorView(reinterpret_cast<const char*>(q_data_.data()) + 1, DType::kF32,
+                  {kTokens - 1, kQHeads, kHeadDim});
+  ExpectRejected(Stage::kStatic, ErrorKind::kLayout,
+                 "q must be aligned to its 4-byte elements; its data starts at an address that is "
+                 "not. Pass q in a buffer aligned to its dtype (a copy is), not at an odd byte "
+                 "offset.");
+}
+
 TEST_F(ValidateRaggedTest, NegativeExtentIsRejected) {
   q_ = TensorView(q_data_.data(), DType::kF32, {-1, kQHeads, kHeadDim});
   ExpectRejected(Stage::kStatic, ErrorKind::kShape,
