@@ -186,9 +186,11 @@ void FillData(RaggedCase& c, uint64_t seed) {
 // so masked-block skipping (SPEC §1) cannot make the kernel and the
 // reference differ.
 void InjectNonFinite(Input& in, RaggedCase& c) {
-  // RPA_FUZZ_KNOWN=inf_soft_cap looks past the open finding F3 (an
-  // infinite logit under a soft cap): then only NaN goes in with a cap.
-  const bool nan_only = c.options.soft_cap && KnownFinding("inf_soft_cap");
+  // RPA_FUZZ_KNOWN=inf_bf16_path looks past the open finding F3 (an
+  // infinite q or K on the bf16 dot path, or under a soft cap, gives NaN
+  // logits): then only NaN goes in there.
+  const bool nan_only = (c.options.soft_cap || c.kv_dtype == DType::kBF16) &&
+                        KnownFinding("inf_bf16_path");
   const float kValues[] = {NAN, nan_only ? NAN : INFINITY, nan_only ? NAN : -INFINITY};
   for (int k = in.Byte() % 3; k > 0; --k) {  // Into q, anywhere.
     const int64_t elems = c.num_tokens * QTokenStride(c);
@@ -465,7 +467,16 @@ RaggedCase MakeRaggedCase(Input& in) {
 
   c.expect_reason = ModelError(c);
   c.expect_error = !c.expect_reason.empty();
-  if (c.nan_mode && !c.expect_error) InjectNonFinite(in, c);
+  if (c.nan_mode && !c.expect_error) {
+    // SPEC §1 lets the kernel skip masked keys when mask_value <= -1e4,
+    // assuming finite logits; a -inf logit on every visible key would make
+    // the reference fall back to the (finite) masked ones. With mask -inf
+    // both see no key there.
+    if (!c.options.mask_value || *c.options.mask_value <= -1e4) {
+      c.options.mask_value = -std::numeric_limits<double>::infinity();
+    }
+    InjectNonFinite(in, c);
+  }
   return c;
 }
 

@@ -283,6 +283,24 @@ TEST(RobustnessTest, DISABLED_F5_HugeNumQueriesPerBlockIsHarmless) {
   }
 }
 
+// Open finding F6: with pages_per_sequence 0 every pages_per_compute_block
+// divides it (JAX's rule), and a huge one overflows int64 in the plan
+// (kv_block = pages_per_block * page_size): undefined behaviour that UBSan
+// reports (test-asan); expected: rows of length 0 give zeros.
+TEST(RobustnessTest, DISABLED_F6_PagedHugeComputeBlockWithNoPages) {
+  const int64_t H = 2, D = 8, S = 9;
+  std::vector<float> q(2 * H * D, 1.0f), out(2 * H * D, 7.0f), kv(H * 3 * S * D, 0.0f);
+  const int32_t lengths[2] = {0, 0}, pages[1] = {0};
+  PagedAttentionOptions o;
+  o.pages_per_compute_block = int64_t{1} << 62;
+  PagedAttention(TensorView(q.data(), DType::kF32, {2, H, D}),
+                 TensorView(kv.data(), DType::kF32, {H, 3, S, D}),
+                 TensorView(kv.data(), DType::kF32, {H, 3, S, D}),
+                 TensorView(lengths, DType::kI32, {2}), TensorView(pages, DType::kI32, {2, 0}), o,
+                 MutableTensorView(out.data(), DType::kF32, {2, H, D}));
+  EXPECT_EQ(out, std::vector<float>(out.size(), 0.0f));
+}
+
 // ---- Non-finite data inside the valid range.
 
 // The library against the reference with NaN in the same places and
