@@ -11,7 +11,7 @@ CMAKE_FLAGS ?=
 # open findings the runs look past (RPA_FUZZ_KNOWN; empty to hit them).
 FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 40
-FUZZ_KNOWN ?= nan_dropped,inf_bf16_path
+FUZZ_KNOWN ?=
 FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
 TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:Concurrency*

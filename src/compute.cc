@@ -112,9 +112,12 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
   const int64_t elem = static_cast<int64_t>(SizeOf(p.q_dtype));
   float out_row[4096];
   for (int64_t r = 0; r < rows; ++r) {
+    // A poisoned chunk (m NaN: a NaN or +inf logit) makes the row NaN.
     float m = -std::numeric_limits<float>::infinity();
     for (int32_t c = 0; c < group.num_tasks; ++c) {
-      m = std::max(m, partials[plan.tasks[group.first_task + c].partial_offset + r]);
+      const float mc = partials[plan.tasks[group.first_task + c].partial_offset + r];
+      m = std::isnan(mc) || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN()
+                                          : std::max(m, mc);
     }
     float l = 0.0f;
     for (int64_t d0 = 0; d0 < p.head_dim; d0 += 4096) {
@@ -133,12 +136,13 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
       }
       const int64_t token = q_start + first.q_begin + r / G;
       const int64_t head = first.kv_head * G + r % G;
+      // l == 0: no key visible; NaN propagates.
       const float denominator =
-          p.sinks != nullptr && l > 0.0f ? l + std::exp(p.sinks[head] - m) : l;
-      const float scale = l > 0.0f ? p.v_scale / denominator : 0.0f;
+          p.sinks != nullptr && l != 0.0f ? l + std::exp(p.sinks[head] - m) : l;
+      const float scale = l != 0.0f ? p.v_scale / denominator : 0.0f;
       if (p.lse != nullptr && d0 == 0) {
         p.lse[token * p.lse_token_stride + head] =
-            l > 0.0f ? m + std::log(l) : -std::numeric_limits<float>::infinity();
+            l != 0.0f ? m + std::log(l) : -std::numeric_limits<float>::infinity();
       }
       uint8_t* dst = static_cast<uint8_t*>(p.out) +
                      (token * p.out_token_stride + head * p.out_head_stride) * elem;

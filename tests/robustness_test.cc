@@ -361,7 +361,7 @@ TEST(RobustnessTest, InfInValuesPropagatesLikeTheReference) {
   ExpectLikeReference(b, {}, 1e-5);
 }
 
-// Open finding F1: a NaN logit is dropped (output 0 or finite) where the
+// Finding F1 (fixed): a NaN logit was dropped (output 0 or finite) where the
 // reference gives NaN.
 TEST(RobustnessTest, F1_NanInKeyPropagatesLikeTheReference) {
   SyntheticBatch b = SmallBatch({{2, 6}, {1, 9}});
@@ -375,9 +375,9 @@ TEST(RobustnessTest, F1_NanInQueryPropagatesLikeTheReference) {
   ExpectLikeReference(b, {}, 1e-5);
 }
 
-// Open finding F3: an infinite logit under a soft cap is c * tanh(+-inf) =
-// +-c in the reference; the kernel gives 0 (on the bf16 dot path q's low
-// part is inf - inf = NaN, then dropped as in F1).
+// Finding F3 (fixed): an infinite logit under a soft cap is c * tanh(+-inf) =
+// +-c in the reference; the kernel gave 0 (on the bf16 dot path q's low
+// part was inf - inf = NaN, then dropped as in F1).
 TEST(RobustnessTest, F3_InfQueryUnderSoftCapLikeTheReference) {
   // f32 q over bf16 K/V: the bf16 dot path splits q into hi + lo parts.
   SyntheticBatch b = SmallBatch({{2, 6}, {1, 9}}, 4, DType::kF32, DType::kBF16);

@@ -197,14 +197,17 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t t0, int
   const bool any_masked = t0 + n - 1 > pos || (sp.window > 0 && t0 <= pos - sp.window);
   const auto iota = hn::Iota(di, 0);
   VF vmax = neg_inf;
+  // Lanes that saw a NaN logit (before the cap: tanh's clamp would hide it).
+  VF vnan = hn::Zero(df);
   for (int64_t i = 0; i < n_pad; i += lanes) {
     VF x = hn::Mul(hn::LoadU(df, s + i), scale);
+    const auto index = hn::Add(iota, hn::Set(di, static_cast<int32_t>(i)));
+    const auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
+    vnan = hn::Or(vnan, hn::VecFromMask(df, hn::And(valid, hn::IsNaN(x))));
     if (sp.soft_cap != 0.0f) {
       const VF cap = hn::Set(df, sp.soft_cap);
       x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
     }
-    const auto index = hn::Add(iota, hn::Set(di, static_cast<int32_t>(i)));
-    const auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
     if (any_masked) {
       const auto t = hn::Add(index, hn::Set(di, static_cast<int32_t>(t0)));
       auto masked = hn::Gt(t, hn::Set(di, static_cast<int32_t>(pos)));
@@ -222,6 +225,17 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t t0, int
   }
   const float m_old = *m;
   const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(df, vmax)));
+  if (std::isnan(m_old) || !hn::AllFalse(df, hn::MaskFromVec(vnan)) ||
+      m_new == std::numeric_limits<float>::infinity()) {
+    // A NaN logit, or a +inf one (exp(inf - inf)), makes the row NaN in the
+    // reference (SPEC §1: NaN in valid data propagates): poison the state;
+    // m stays NaN, so later tiles come here too, and the output is NaN.
+    for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;
+    *m = std::numeric_limits<float>::quiet_NaN();
+    *l = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t d = 0; d < dim_pad; ++d) acc[d] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
   if (m_new == -std::numeric_limits<float>::infinity()) {
     // No key of this row visible yet: weights 0, state unchanged.
     for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;
@@ -245,6 +259,36 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t t0, int
     const VF va = hn::Set(df, alpha);
     for (int64_t d = 0; d < dim_pad; d += lanes) {
       hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), va), df, acc + d);
+    }
+  }
+}
+
+// Recomputes in f32 the bf16-path logits that came out NaN (see RunTask).
+inline void FixNanLogits(const float* q, int64_t q_stride, int64_t rows,
+                         const void* const* k_rows, int64_t tokens, int64_t head_dim, float* s,
+                         int64_t s_stride) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  VF bad = hn::Zero(df);
+  bool tail_bad = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* sr = s + r * s_stride;
+    int64_t i = 0;
+    for (; i + lanes <= tokens; i += lanes) {
+      const VF x = hn::LoadU(df, sr + i);
+      bad = hn::Or(bad, hn::VecFromMask(df, hn::IsNaN(x)));
+    }
+    for (; i < tokens; ++i) tail_bad |= std::isnan(sr[i]);
+  }
+  if (!tail_bad && hn::AllFalse(df, hn::MaskFromVec(bad))) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < tokens; ++i) {
+      float& x = s[r * s_stride + i];
+      if (!std::isnan(x)) continue;
+      const BF16* k = static_cast<const BF16*>(k_rows[i]);
+      float dot = 0.0f;
+      for (int64_t d = 0; d < head_dim; ++d) dot += q[r * q_stride + d] * F32FromBF16(k[d]);
+      x = dot;
     }
   }
 }
@@ -348,7 +392,9 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       for (int64_t d = 0; d < dim_pad; ++d) {
         const BF16 hi = BF16FromF32(q[d]);
         ws.q_hi[r * dim_pad + d] = hi.bits;
-        ws.q_lo[r * dim_pad + d] = BF16FromF32(q[d] - F32FromBF16(hi)).bits;
+        // inf - inf would make lo NaN: an infinite (or NaN) q is all in hi.
+        ws.q_lo[r * dim_pad + d] =
+            std::isfinite(q[d]) ? BF16FromF32(q[d] - F32FromBF16(hi)).bits : uint16_t{0};
       }
     }
     ws.m[r] = -std::numeric_limits<float>::infinity();
@@ -390,6 +436,10 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
     }
     if (bf16_path) {
       Bf16Logits(ws.q_hi, q_lo, dim_pad, rows, ws.k_rows, n, D, ws.s, s_stride);
+      // hi + lo: an infinite K element makes 0 * inf = NaN in the lo term
+      // (or inf - inf across the two) where q . k is a signed infinity.
+      // Rare, so such logits are recomputed in f32 from the f32 q.
+      if (q_lo != nullptr) FixNanLogits(ws.q, dim_pad, rows, ws.k_rows, n, D, ws.s, s_stride);
     } else {
       if (byte_kv) ConvertByteRows(pr.kv_dtype, ws.k_rows, n, D, ws.kv_f32, dim_pad);
       LogitsDispatch(byte_kv ? DType::kF32 : pr.kv_dtype, ws.q, dim_pad, rows, ws.k_rows, n, D,
@@ -437,12 +487,13 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
     const int64_t token = q_start + task.q_begin + r / G;
     const int64_t head = task.kv_head * G + r % G;
     // A sink joins the denominator only (SPEC §1), in the frame of m.
+    // l == 0: no key visible; a NaN l (poisoned row) gives NaN.
     const float denominator =
-        pr.sinks != nullptr && l > 0.0f ? l + std::exp(pr.sinks[head] - ws.m[r]) : l;
-    const float out_scale = l > 0.0f ? pr.v_scale / denominator : 0.0f;
+        pr.sinks != nullptr && l != 0.0f ? l + std::exp(pr.sinks[head] - ws.m[r]) : l;
+    const float out_scale = l != 0.0f ? pr.v_scale / denominator : 0.0f;
     if (pr.lse != nullptr) {
       pr.lse[token * pr.lse_token_stride + head] =
-          l > 0.0f ? ws.m[r] + std::log(l) : -std::numeric_limits<float>::infinity();
+          l != 0.0f ? ws.m[r] + std::log(l) : -std::numeric_limits<float>::infinity();
     }
     float* acc = ws.acc + r * dim_pad;
     for (int64_t d = 0; d < dim_pad; d += lanes) {
