@@ -14,6 +14,7 @@
 namespace rpa::internal {
 namespace {
 
+constexpr int kMaxThreads = 256;
 constexpr std::string_view kQDtypes = "float32, bfloat16, float16";
 constexpr std::string_view kKvDtypes =
     "float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8";
@@ -360,7 +361,8 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   p.num_kv_pages_per_block = options.num_kv_pages_per_block.value_or(0);
   p.num_queries_per_block = options.num_queries_per_block.value_or(0);
   p.vmem_limit_bytes = options.vmem_limit_bytes.value_or(0);
-  p.num_threads = options.num_threads.value_or(0);
+  // A thread count far beyond any machine only costs threads the pool keeps.
+  p.num_threads = std::min(options.num_threads.value_or(0), kMaxThreads);
   return p;
 }
 
@@ -586,7 +588,7 @@ AttentionProblem ValidatePagedAttention(const TensorView& q, const TensorView& k
   // The compute block is JAX's KV tile; any divisor of the row fits ours.
   p.num_kv_pages_per_block =
       std::min<int64_t>(options.pages_per_compute_block, std::max<int64_t>(pages_per_sequence, 1));
-  p.num_threads = options.num_threads.value_or(0);
+  p.num_threads = std::min(options.num_threads.value_or(0), kMaxThreads);
   BindOutput(q, out, p);
   // A length-0 slot is a padded batch entry: its query sees no key and its
   // output row is 0, instead of JAX's q_len <= kv_len rule.

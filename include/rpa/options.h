@@ -30,7 +30,8 @@ struct AttentionOptions {
   std::optional<int64_t> num_queries_per_block;
   // On CPU: the budget in bytes for one worker's scratch tiles.
   std::optional<int64_t> vmem_limit_bytes;
-  // Worker threads; none = RPA_NUM_THREADS, else every core.
+  // Worker threads (at most 256 are used); none = RPA_NUM_THREADS, else
+  // every core.
   std::optional<int> num_threads;
 
   // Beyond JAX (SPEC §1 conventions).
