@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "rpa/rpa.h"
+#include "rpa/block_sizes.h"
 
 namespace py = pybind11;
 
@@ -753,6 +754,38 @@ PYBIND11_MODULE(_rpa, m) {
         py::arg("pages_per_compute_block").none(true), py::arg("megacore_mode").none(true),
         py::arg("inline_seq_dim"), py::arg("num_threads").none(true),
         "Runs JAX's paged_attention into `out` and returns it; see rpa.paged_attention.");
+
+  m.def(
+      "choose_block_sizes",
+      [](const std::string& q_dtype, const std::string& kv_dtype, int64_t num_q_heads,
+         int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
+         int64_t max_num_batched_tokens, int64_t pages_per_seq,
+         std::optional<int64_t> vmem_limit_bytes) {
+        auto parse = [](const std::string& name) {
+          const std::optional<rpa::DType> dtype = rpa::DTypeFromString(name);
+          if (!dtype) {
+            throw rpa::Error(rpa::ErrorKind::kDtype, "dtype '" + name +
+                                                         "' is not one rpa knows. Pass a dtype "
+                                                         "name such as 'bfloat16'.");
+          }
+          return *dtype;
+        };
+        const rpa::BlockSizeConfig config{parse(q_dtype), parse(kv_dtype), num_q_heads,
+                                          num_kv_heads, head_dim, std::max<int64_t>(page_size, 1),
+                                          max_num_batched_tokens,
+                                          std::max<int64_t>(page_size, 1) * pages_per_seq};
+        const rpa::BlockSizeChoice choice = rpa::ChooseBlockSizes(config, vmem_limit_bytes);
+        return py::make_tuple(choice.sizes.num_kv_pages_per_block,
+                              choice.sizes.num_queries_per_block, rpa::ToString(choice.source),
+                              choice.explanation);
+      },
+      py::arg("q_dtype"), py::arg("kv_dtype"), py::arg("num_q_heads"), py::arg("num_kv_heads"),
+      py::arg("head_dim"), py::arg("page_size"), py::arg("max_num_batched_tokens"),
+      py::arg("pages_per_seq"), py::arg("vmem_limit_bytes").none(true) = py::none(),
+      "(num_kv_pages_per_block, num_queries_per_block, source, explanation) the library "
+      "chooses; see rpa.get_tuned_block_sizes.");
+  m.def("load_tuned_block_sizes", &rpa::LoadTunedBlockSizes, py::arg("path"),
+        "Loads a tuned block-size table (rpa tune's JSON); see rpa.load_tuned_block_sizes.");
 
   m.def("view_info", &ViewInfo, py::arg("x"), py::arg("writable") = false,
         "How an array reaches the library: data pointer, dtype, shape, element strides and "

@@ -399,5 +399,68 @@ for _f in (ragged_paged_attention, ref_ragged_paged_attention):
 del _f
 
 # Block sizes (SPEC §4): the chooser behind num_kv_pages_per_block=None /
-# num_queries_per_block=None (JAX's get_tuned_block_sizes) is exported here
-# once the library has it.
+# num_queries_per_block=None.
+
+
+def _dtype_name(dtype) -> str:
+  # numpy/JAX dtypes and type objects, torch dtypes ("torch.bfloat16"), or names.
+  name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
+  return str(name).replace("torch.", "")
+
+
+def get_tuned_block_sizes(
+    q_dtype,
+    kv_dtype,
+    num_q_heads_per_blk: int,
+    num_kv_heads_per_blk: int,
+    head_dim: int,
+    page_size: int,
+    max_num_batched_tokens: int,
+    pages_per_seq: int,
+) -> tuple[int, int]:
+  """Look up the best (num_kv_pages_per_blk, num_queries_per_blk), as JAX does.
+
+  The library's choice when a call passes None: a tuned table entry for the
+  configuration (RPA_TUNED_BLOCK_SIZES or rpa.load_tuned_block_sizes, then the
+  shipped table), else the nearest tuned entry for the same heads, head_dim
+  and dtypes, else a heuristic from this CPU's cache sizes; always within
+  [1, pages_per_seq], so it can never fail validation.
+
+  Args:
+    q_dtype, kv_dtype: dtypes (numpy, torch or JAX) or their names.
+    num_q_heads_per_blk, num_kv_heads_per_blk: query and KV heads.
+    head_dim: the head dimension.
+    page_size: tokens per KV-cache page.
+    max_num_batched_tokens: q's rows.
+    pages_per_seq: page_indices.shape[1].
+
+  Returns:
+    (num_kv_pages_per_block, num_queries_per_block).
+  """
+  pages, queries, _, _ = _rpa.choose_block_sizes(
+      _dtype_name(q_dtype), _dtype_name(kv_dtype), num_q_heads_per_blk, num_kv_heads_per_blk,
+      head_dim, page_size, max_num_batched_tokens, pages_per_seq)
+  return pages, queries
+
+
+def explain_block_sizes(q_dtype, kv_dtype, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                        page_size: int, max_num_batched_tokens: int, pages_per_seq: int, *,
+                        vmem_limit_bytes: int | None = None) -> dict:
+  """The block sizes the library would choose and why (as `rpa explain` prints).
+
+  Returns:
+    {"num_kv_pages_per_block", "num_queries_per_block", "source" ("table",
+    "nearest" or "heuristic"), "explanation"}.
+  """
+  pages, queries, source, why = _rpa.choose_block_sizes(
+      _dtype_name(q_dtype), _dtype_name(kv_dtype), num_q_heads, num_kv_heads, head_dim,
+      page_size, max_num_batched_tokens, pages_per_seq, vmem_limit_bytes)
+  return {"num_kv_pages_per_block": pages, "num_queries_per_block": queries, "source": source,
+          "explanation": why}
+
+
+def load_tuned_block_sizes(path: str) -> bool:
+  """Loads a tuned table written by `rpa tune`; it then takes precedence over
+  the shipped one. A file that cannot be parsed is ignored with a warning
+  naming it (returns False). An empty path unloads it."""
+  return _rpa.load_tuned_block_sizes(path)
