@@ -161,7 +161,8 @@ STATIC = [
     ("sinks_dtype", dict(sinks=np.zeros(4, np.float16)),
      "sinks.dtype=dtype('float16') must be float32. Cast sinks to float32."),
     ("sinks_nan", dict(sinks=np.array([0, 1, np.nan, 2], np.float32)),
-     "sinks[2]=nan must not be NaN. Pass a finite logit, or -inf for a head without a sink."),
+     "sinks[2]=nan must not be NaN or +inf. Pass a finite logit, or -inf for a head without a "
+     "sink."),
 ]
 
 # Only at call time (not options of the validate functions).
