@@ -57,7 +57,6 @@ size_t LayoutScratch(const Plan& plan, const AttentionProblem& problem, float* b
   const int64_t rows = plan.max_rows;
   const int64_t dim_pad = RoundUp(problem.head_dim, kDimAlign);
   const int64_t token_pad = RoundUp(plan.kv_block, kTokenAlign);
-  const bool byte_kv = SizeOf(problem.kv_dtype) == 1;
   size_t offset = 0;
   auto take = [&](int64_t floats) {
     float* p = base == nullptr ? nullptr : base + offset;
@@ -74,9 +73,12 @@ size_t LayoutScratch(const Plan& plan, const AttentionProblem& problem, float* b
   s.acc = take(rows * dim_pad);
   s.m = take(rows);
   s.l = take(rows);
-  s.kv_f32 = byte_kv ? take(token_pad * dim_pad) : nullptr;
   s.k_rows = reinterpret_cast<const void**>(take(token_pad * 2));
   s.v_rows = reinterpret_cast<const void**>(take(token_pad * 2));
+  s.k_next = reinterpret_cast<const void**>(take(token_pad * 2));
+  s.v_next = reinterpret_cast<const void**>(take(token_pad * 2));
+  s.k_base = reinterpret_cast<const uint8_t**>(take(token_pad * 4));
+  s.v_base = reinterpret_cast<const uint8_t**>(take(token_pad * 4));
   if (ws != nullptr) *ws = s;
   return offset;
 }
@@ -106,7 +108,8 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
                     const float* partials) {
   const KernelTask& first = plan.tasks[group.first_task];
   const int64_t G = p.QueriesPerKvHead();
-  const int64_t rows = (first.q_end - first.q_begin) * G;
+  const int64_t rows_per_head = (first.q_end - first.q_begin) * G;
+  const int64_t rows = rows_per_head * (first.kv_head_end - first.kv_head);
   const int64_t dim_pad = RoundUp(p.head_dim, kDimAlign);
   const int64_t q_start = p.cu_q_lens[first.seq];
   const int64_t elem = static_cast<int64_t>(SizeOf(p.q_dtype));
@@ -134,12 +137,14 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
           for (int64_t d = 0; d < count; ++d) out_row[d] += w * acc[d];
         }
       }
-      const int64_t token = q_start + first.q_begin + r / G;
-      const int64_t head = first.kv_head * G + r % G;
+      const int64_t token = q_start + first.q_begin + (r % rows_per_head) / G;
+      const int64_t head = (first.kv_head + r / rows_per_head) * G + r % G;
       // l == 0: no key visible; NaN propagates.
       const float denominator =
           p.sinks != nullptr && l != 0.0f ? l + std::exp(p.sinks[head] - m) : l;
-      const float scale = l != 0.0f ? p.v_scale / denominator : 0.0f;
+      // e4m3fn V was accumulated as value * 2^-8 (the kernel's LoadF32).
+      const float v_scale = p.kv_dtype == DType::kF8E4M3FN ? p.v_scale * 256.0f : p.v_scale;
+      const float scale = l != 0.0f ? v_scale / denominator : 0.0f;
       if (p.lse != nullptr && d0 == 0) {
         p.lse[token * p.lse_token_stride + head] =
             l != 0.0f ? m + std::log(l) : -std::numeric_limits<float>::infinity();

@@ -13,6 +13,9 @@ namespace {
 constexpr int64_t kTaskOverhead = 2048;
 // Split long KV ranges until every thread has about this many tasks.
 constexpr int64_t kTasksPerThread = 4;
+// A query tile with at most this many rows per kv head (decode: q heads per
+// kv head x 1 token) is one task over all kv heads.
+constexpr int64_t kMultiHeadRows = 8;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -22,10 +25,8 @@ int64_t ScratchBytes(const AttentionProblem& problem, int64_t q_tile, int64_t kv
   const int64_t rows = q_tile * problem.QueriesPerKvHead();
   const int64_t dim_pad = RoundUp(problem.head_dim, kDimAlign);
   const int64_t token_pad = RoundUp(kv_block, kTokenAlign);
-  const bool byte_kv = SizeOf(problem.kv_dtype) == 1;
   int64_t floats = rows * dim_pad * 3  // q, q_hi + q_lo, acc.
-                   + rows * token_pad + 2 * RoundUp(rows, 16) + 4 * token_pad;  // Pointers.
-  if (byte_kv) floats += token_pad * dim_pad;
+                   + rows * token_pad + 2 * RoundUp(rows, 16) + 16 * token_pad;  // Pointers.
   return floats * 4;
 }
 
@@ -61,7 +62,8 @@ void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan) {
   plan.q_tile = tiles.q_tile;
   plan.pages_per_block = tiles.pages_per_block;
   plan.kv_block = tiles.pages_per_block * problem.page_size;
-  plan.max_rows = plan.q_tile * group;
+  plan.max_rows = std::max(plan.q_tile * group,
+                           problem.num_kv_heads * std::min(plan.q_tile * group, kMultiHeadRows));
   plan.tasks.clear();
   plan.order.clear();
   plan.costs.clear();
@@ -93,15 +95,21 @@ void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan) {
           lo = std::clamp<int64_t>(first_pos - problem.sliding_window + 1, 0, hi);
         }
       }
-      for (int32_t h = 0; h < problem.num_kv_heads; ++h) {
+      // Decode-like tiles (few rows per kv head) take every kv head in one
+      // task: K/V are then read whole token rows at a time (kernel.h).
+      const int32_t heads_per_task = (qe - qb) * group <= kMultiHeadRows
+                                         ? static_cast<int32_t>(problem.num_kv_heads)
+                                         : 1;
+      for (int32_t h = 0; h < problem.num_kv_heads; h += heads_per_task) {
         KernelTask task;
         task.seq = seq;
         task.kv_head = h;
+        task.kv_head_end = h + heads_per_task;
         task.q_begin = static_cast<int32_t>(qb);
         task.q_end = static_cast<int32_t>(qe);
         task.kv_begin = static_cast<int32_t>(lo);
         task.kv_end = static_cast<int32_t>(hi);
-        const int64_t cost = (qe - qb) * group * (hi - lo) + kTaskOverhead;
+        const int64_t cost = (qe - qb) * group * heads_per_task * (hi - lo) + kTaskOverhead;
         whole.push_back(task);
         whole_costs.push_back(cost);
         total_cost += cost;
@@ -120,7 +128,7 @@ void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan) {
     const KernelTask& task = whole[i];
     const int64_t cost = whole_costs[i];
     const int64_t keys = task.kv_end - task.kv_begin;
-    const int64_t rows = (task.q_end - task.q_begin) * group;
+    const int64_t rows = (task.q_end - task.q_begin) * group * (task.kv_head_end - task.kv_head);
     int64_t chunks = std::max<int64_t>(1, cost / share);
     // Chunk boundaries on KV tile boundaries.
     const int64_t first_tile = task.kv_begin / kv_block;

@@ -404,7 +404,9 @@ TEST(PlanTest, TasksCoverEveryVisibleKeyOnce) {
       EXPECT_LE(t.kv_end, kv_lens[t.seq]);
       EXPECT_LE(t.kv_begin, t.kv_end);
       for (int32_t j = t.q_begin; j < t.q_end; ++j) {
-        covered[(t.seq * 100 + j) * 2 + t.kv_head] += t.kv_end - t.kv_begin;
+        for (int32_t h = t.kv_head; h < t.kv_head_end; ++h) {
+          covered[(t.seq * 100 + j) * 2 + h] += t.kv_end - t.kv_begin;
+        }
       }
     }
     for (int32_t seq = 0; seq < 3; ++seq) {

@@ -1,10 +1,8 @@
 // `rpa bench`: this machine's limits and the kernel's speed, measured in one
 // run (SPEC §5, issue 3).
 //
-// Limits: streaming read bandwidth over a buffer several times the last-level
-// cache (transparent huge pages requested), f32 FMA peak (AVX2 and AVX-512,
-// the better one) and bf16 dot peak (vdpbf16ps) where the CPU has it; each on
-// one thread and on all threads at once.
+// Limits: tools/machine.h (streaming read bandwidth, f32 FMA and bf16 dot
+// peaks, on one thread and on all threads).
 //
 // Workloads run on K/V larger than the last-level cache: one batch is built,
 // its pages copied `copies` times into a huge-page buffer, and successive
@@ -15,9 +13,6 @@
 // max(bytes / bandwidth, FLOPs / peak of the fastest arithmetic for the K/V
 // dtype), and speedup_vs_naive against a single-threaded gather + unfused
 // QK^T, softmax, PV run in the same process.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,21 +24,13 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "commands.h"
 #include "kernel/kernel.h"
+#include "machine.h"
 #include "rpa/rpa.h"
 #include "synthetic_batch.h"
 #include "thread_pool.h"
-
-#if defined(__x86_64__)
-// GCC 12's _mm*_undefined_* trip -Wuninitialized where they inline.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "workloads.h"
 
 namespace rpa::tools {
 namespace {
@@ -66,212 +53,28 @@ struct BenchArgs {
   int threads = 0;  // 0: all cores.
 };
 
-// ---------------------------------------------------------------- memory
-
-// Anonymous memory that asks for transparent huge pages.
-struct HugeBuffer {
-  uint8_t* data = nullptr;
-  size_t size = 0;
-  explicit HugeBuffer(size_t bytes) : size(bytes) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    madvise(p, bytes, MADV_HUGEPAGE);
-    data = static_cast<uint8_t*>(p);
-  }
-  ~HugeBuffer() {
-    if (data != nullptr) munmap(data, size);
-  }
-  HugeBuffer(const HugeBuffer&) = delete;
-  HugeBuffer& operator=(const HugeBuffer&) = delete;
-};
-
-int64_t LastLevelCacheBytes() {
-  long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
-  return llc > 0 ? llc : (32 << 20);
-}
-
-bool HasAvx2Fma() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-bool HasAvx512() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("avx512f");
-#else
-  return false;
-#endif
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) uint64_t ReadSliceAvx2(const uint8_t* p, size_t bytes) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i + 128 <= bytes; i += 128) {
-    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
-    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
-    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
-  }
-  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
-  alignas(32) uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
-}
-#endif
-
-uint64_t ReadSlice(const uint8_t* p, size_t bytes) {
-#if defined(__x86_64__)
-  if (HasAvx2Fma()) return ReadSliceAvx2(p, bytes);
-#endif
-  const uint64_t* w = reinterpret_cast<const uint64_t*>(p);
-  uint64_t a = 0, b = 0, c = 0, d = 0;
-  for (size_t i = 0; i + 4 <= bytes / 8; i += 4) {
-    a += w[i];
-    b += w[i + 1];
-    c += w[i + 2];
-    d += w[i + 3];
-  }
-  return a + b + c + d;
-}
-
 volatile uint64_t g_sink = 0;
-
-// Streaming read GB/s over `buffer` split among `threads` workers.
-double ReadBandwidth(const HugeBuffer& buffer, int threads, int reps) {
-  internal::ThreadPool& pool = internal::GlobalThreadPool();
-  const size_t slice = buffer.size / static_cast<size_t>(threads) / 4096 * 4096;
-  std::vector<double> gbs;
-  for (int r = 0; r < reps; ++r) {
-    std::vector<uint64_t> sums(static_cast<size_t>(threads));
-    const auto t0 = Clock::now();
-    pool.ParallelFor(threads, threads, [&](int64_t task, int) {
-      sums[task] = ReadSlice(buffer.data + slice * task, slice);
-    });
-    const double s = Seconds(t0, Clock::now());
-    for (uint64_t x : sums) g_sink = g_sink + x;
-    gbs.push_back(static_cast<double>(slice) * threads / s * 1e-9);
-  }
-  return Median(gbs);
-}
-
-// ---------------------------------------------------------------- compute peaks
-
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) double FmaAvx2(int64_t iters) {
-  __m256 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(0.001f * i);
-  const __m256 b = _mm256_set1_ps(0.99999f), c = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iters; ++it) {
-    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
-  }
-  __m256 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
-  alignas(32) float out[8];
-  _mm256_store_ps(out, s);
-  g_sink = g_sink + static_cast<uint64_t>(out[0]);
-  return static_cast<double>(iters) * 12 * 8 * 2;
-}
-
-__attribute__((target("avx512f"))) double FmaAvx512(int64_t iters) {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.001f * i);
-  const __m512 b = _mm512_set1_ps(0.99999f), c = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iters; ++it) {
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], b, c);
-  }
-  __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  g_sink = g_sink + static_cast<uint64_t>(_mm512_reduce_add_ps(s));
-  return static_cast<double>(iters) * 12 * 16 * 2;
-}
-
-__attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) double DotBf16(int64_t iters) {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.001f * i);
-  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3F80));  // 1.0
-  const __m512bh c = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3380));  // ~6e-8
-  for (int64_t it = 0; it < iters; ++it) {
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], b, c);
-  }
-  __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  g_sink = g_sink + static_cast<uint64_t>(_mm512_reduce_add_ps(s));
-  return static_cast<double>(iters) * 12 * 32 * 2;  // 32 bf16 products, each mul + add.
-}
-#endif
-
-// GFLOP/s of `kernel` run on `threads` threads at once; median of reps.
-double PeakGflops(double (*kernel)(int64_t), int threads, int reps, int64_t iters) {
-  internal::ThreadPool& pool = internal::GlobalThreadPool();
-  std::vector<double> results;
-  for (int r = 0; r < reps; ++r) {
-    std::vector<double> flops(static_cast<size_t>(threads));
-    const auto t0 = Clock::now();
-    pool.ParallelFor(threads, threads, [&](int64_t task, int) { flops[task] = kernel(iters); });
-    const double s = Seconds(t0, Clock::now());
-    double total = 0.0;
-    for (double f : flops) total += f;
-    results.push_back(total / s * 1e-9);
-  }
-  return Median(results);
-}
-
-struct Limits {
-  int64_t llc_bytes = 0;
-  double read_gbs[2] = {0, 0};   // [1 thread, all threads]
-  double fma_gflops[2] = {0, 0};
-  double bf16_gflops[2] = {0, 0};  // 0: no bf16 dot.
-};
-
-Limits MeasureLimits(int threads, bool quick) {
-  Limits limits;
-  limits.llc_bytes = LastLevelCacheBytes();
-  const size_t bytes =
-      std::clamp<size_t>(static_cast<size_t>(limits.llc_bytes) * 4, size_t{1} << 30,
-                         size_t{4} << 30);
-  HugeBuffer buffer(quick ? std::min<size_t>(bytes, size_t{1} << 30) : bytes);
-  std::memset(buffer.data, 1, buffer.size);
-  const int reps = quick ? 3 : 7;
-  const int counts[2] = {1, threads};
-  const int64_t iters = quick ? 2000000 : 8000000;
-  for (int i = 0; i < 2; ++i) {
-    limits.read_gbs[i] = ReadBandwidth(buffer, counts[i], reps);
-#if defined(__x86_64__)
-    if (HasAvx2Fma()) limits.fma_gflops[i] = PeakGflops(FmaAvx2, counts[i], reps, iters);
-    if (HasAvx512()) {
-      limits.fma_gflops[i] =
-          std::max(limits.fma_gflops[i], PeakGflops(FmaAvx512, counts[i], reps, iters));
-    }
-    if (internal::CpuHasAvx512Bf16()) {
-      limits.bf16_gflops[i] = PeakGflops(DotBf16, counts[i], reps, iters);
-    }
-#endif
-  }
-  return limits;
-}
 
 // ---------------------------------------------------------------- workloads
 
 struct Workload {
   std::string name;
   std::vector<SequenceShape> sequences;
+  DType kv_dtype = DType::kBF16;
+  double kv_scale = 0.0;  // > 0: k_scale = v_scale = this (quantized K/V).
 };
 
-// The issue's workloads; all with 32 q heads, 8 kv heads, head_dim 128,
-// page_size 16, bf16 q and K/V, pages in random order. `mixed` is JAX's
-// mixed test batch shape: 16 sequences of q_len 1 and chunked prefills up
-// to 251 tokens over histories up to 1328.
+// The issue's workloads (tools/workloads.h); all with 32 q heads, 8 kv
+// heads, head_dim 128, page_size 16, bf16 q, pages in random order; bf16
+// K/V except decode-fp8 (the decode shape on fp8 e4m3fn K/V with scales:
+// half the bytes of decode).
 std::vector<Workload> Workloads() {
   return {
-      {"decode", std::vector<SequenceShape>(16, {1, 1024})},
-      {"decode-long", {{1, 32768}}},
-      {"prefill", {{2048, 2048}}},
-      {"mixed",
-       {{1, 1328}, {5, 18}, {1, 129}, {120, 229}, {1, 122}, {1, 64}, {32, 100}, {250, 463},
-        {1, 18}, {1, 17}, {99, 123}, {1, 597}, {251, 1107}, {1, 322}, {64, 181}, {1, 1229}}},
+      {"decode", DecodeSequences()},
+      {"decode-fp8", DecodeSequences(), DType::kF8E4M3FN, 0.5},
+      {"decode-long", DecodeLongSequences()},
+      {"prefill", PrefillSequences(2048)},
+      {"mixed", MixedSequences()},
   };
 }
 
@@ -376,7 +179,7 @@ void Progress(const std::string& line) {
   std::fflush(stderr);
 }
 
-std::vector<Result> RunWorkload(const Workload& w, const Limits& limits, int all_threads,
+std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, int all_threads,
                                 bool quick, int index, int total) {
   BatchSpec spec;
   spec.num_q_heads = 32;
@@ -384,7 +187,7 @@ std::vector<Result> RunWorkload(const Workload& w, const Limits& limits, int all
   spec.head_dim = 128;
   spec.page_size = 16;
   spec.q_dtype = DType::kBF16;
-  spec.kv_dtype = DType::kBF16;
+  spec.kv_dtype = w.kv_dtype;
   spec.sequences = w.sequences;
   spec.seed = 7;
   Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +
@@ -407,6 +210,7 @@ std::vector<Result> RunWorkload(const Workload& w, const Limits& limits, int all
   std::vector<uint8_t> out = batch.NewOutput();
   AttentionOptions options;
   options.sm_scale = 1.0 / std::sqrt(static_cast<double>(spec.head_dim));
+  if (w.kv_scale > 0) options.k_scale = options.v_scale = w.kv_scale;
 
   std::vector<Result> results;
   const int counts[2] = {1, all_threads};
@@ -447,14 +251,13 @@ std::vector<Result> RunWorkload(const Workload& w, const Limits& limits, int all
     r.tokens_per_s = batch.TotalQTokens() / s;
     r.gbs = kv_bytes / s * 1e-9;
     r.gflops = flops / s * 1e-9;
-    const double bw = limits.read_gbs[ti] * 1e9;
-    const double peak =
-        (limits.bf16_gflops[ti] > 0 ? limits.bf16_gflops[ti] : limits.fma_gflops[ti]) * 1e9;
-    const double memory_s = kv_bytes / bw, compute_s = peak > 0 ? flops / peak : 0;
-    r.roofline_ms = std::max(memory_s, compute_s) * 1e3;
-    r.bound = memory_s >= compute_s ? "memory" : "compute";
+    const bool all = ti == 1;
+    const double memory_s = kv_bytes / (limits.read_gbs[ti] * 1e9);
+    r.roofline_ms = limits.RooflineSeconds(flops, kv_bytes, spec.kv_dtype, all) * 1e3;
+    r.bound = memory_s * 1e3 >= r.roofline_ms ? "memory" : "compute";
     r.frac = r.roofline_ms / r.ms;
-    r.path = internal::CpuHasAvx512Bf16() ? "avx512_bf16" : "highway";
+    r.path = internal::CpuHasAvx512Bf16() && spec.kv_dtype == DType::kBF16 ? "avx512_bf16"
+                                                                            : "highway";
     results.push_back(r);
   }
   Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +
@@ -471,16 +274,16 @@ std::vector<Result> RunWorkload(const Workload& w, const Limits& limits, int all
   return results;
 }
 
-void PrintJson(const Limits& limits, int threads, const std::vector<Result>& results) {
+void PrintJson(const MachineLimits& limits, int threads, const std::vector<Result>& results) {
   std::printf("{\"machine\": {\"threads\": %d, \"llc_bytes\": %lld, "
               "\"read_gbs_1_thread\": %.2f, \"read_gbs_all_threads\": %.2f, "
               "\"fma_f32_gflops_1_thread\": %.1f, \"fma_f32_gflops_all_threads\": %.1f, "
               "\"bf16_dot_gflops_1_thread\": %.1f, \"bf16_dot_gflops_all_threads\": %.1f, "
               "\"avx512_bf16\": %s},\n \"workloads\": [",
               threads, static_cast<long long>(limits.llc_bytes), limits.read_gbs[0],
-              limits.read_gbs[1], limits.fma_gflops[0], limits.fma_gflops[1],
-              limits.bf16_gflops[0], limits.bf16_gflops[1],
-              internal::CpuHasAvx512Bf16() ? "true" : "false");
+              limits.read_gbs[1], limits.fma_f32_gflops[0], limits.fma_f32_gflops[1],
+              limits.bf16_dot_gflops[0], limits.bf16_dot_gflops[1],
+              limits.avx512_bf16 ? "true" : "false");
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     std::printf("%s\n  {\"name\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"frac_of_limit\": %.3f, "
@@ -495,16 +298,17 @@ void PrintJson(const Limits& limits, int threads, const std::vector<Result>& res
   std::printf("\n]}\n");
 }
 
-void PrintTable(const Limits& limits, int threads, const std::vector<Result>& results) {
+void PrintTable(const MachineLimits& limits, int threads, const std::vector<Result>& results) {
   std::printf("machine: %d threads, LLC %.0f MiB\n", threads, limits.llc_bytes / 1048576.0);
   std::printf("  read bandwidth   %7.1f GB/s (1 thread)  %7.1f GB/s (%d threads)\n",
               limits.read_gbs[0], limits.read_gbs[1], threads);
-  std::printf("  f32 FMA peak     %7.1f GFLOP/s          %7.1f GFLOP/s\n", limits.fma_gflops[0],
-              limits.fma_gflops[1]);
-  if (limits.bf16_gflops[0] > 0) {
+  std::printf("  f32 FMA peak     %7.1f GFLOP/s          %7.1f GFLOP/s\n",
+              limits.fma_f32_gflops[0], limits.fma_f32_gflops[1]);
+  if (limits.bf16_dot_gflops[0] > 0) {
     std::printf("  bf16 dot peak    %7.1f GFLOP/s          %7.1f GFLOP/s\n",
-                limits.bf16_gflops[0], limits.bf16_gflops[1]);
+                limits.bf16_dot_gflops[0], limits.bf16_dot_gflops[1]);
   }
+  std::printf("  (measured in %.1f s; each the best of several repetitions)\n", limits.seconds);
   std::printf("\n%-12s %3s %10s %12s %8s %9s %8s %7s %10s %8s\n", "workload", "thr", "ms",
               "tokens/s", "KV GB/s", "GFLOP/s", "bound", "frac", "naive ms", "speedup");
   for (const Result& r : results) {
@@ -524,7 +328,7 @@ int RunBench(const BenchArgs& args) {
   }
   const int total = static_cast<int>(workloads.size()) + 1;
   Progress("[0/" + std::to_string(total - 1) + "] measuring the machine's limits");
-  const Limits limits = MeasureLimits(threads, args.quick);
+  const MachineLimits limits = MeasureMachine(threads, args.quick);
   std::vector<Result> results;
   for (size_t i = 0; i < workloads.size(); ++i) {
     for (Result& r :
@@ -551,7 +355,7 @@ void AddBenchCommand(CLI::App& app) {
       "bench", "Measure this machine's limits and the kernel against them and a naive baseline");
   bench->add_flag("--json", args->json, "Print one JSON object instead of a table");
   bench->add_flag("--quick", args->quick, "Fewer repetitions: the whole run in about a minute");
-  bench->add_option("--only", args->only, "Workloads to run: decode, decode-long, prefill, mixed");
+  bench->add_option("--only", args->only, "Workloads to run: decode, decode-fp8, decode-long, prefill, mixed");
   bench->add_option("--threads", args->threads,
                     "Threads for the all-threads runs (0: RPA_NUM_THREADS or all cores)")
       ->capture_default_str();

@@ -12,6 +12,8 @@ const std::vector<HeadConfig>& ModelPresets() {
 
 std::vector<SequenceShape> DecodeSequences() { return std::vector<SequenceShape>(16, {1, 1024}); }
 
+std::vector<SequenceShape> DecodeLongSequences() { return {{1, 32768}}; }
+
 std::vector<SequenceShape> PrefillSequences(int32_t prefill_len) {
   return {{prefill_len, prefill_len}};
 }

@@ -21,10 +21,11 @@ struct HeadConfig {
 // heads, 1 of 8 kv heads), Qwen-style 28/4, Gemma-style head_dim 256, MQA.
 const std::vector<HeadConfig>& ModelPresets();
 
-// decode: 16 x (q 1, kv 1024). prefill: 1 x (q = kv = prefill_len).
+// decode: 16 x (q 1, kv 1024). decode-long: 1 x (q 1, kv 32768). prefill: 1 x (q = kv = prefill_len).
 // mixed: JAX's mixed test shape, 16 sequences of q_len 1 and chunked
 // prefills up to 251 tokens over histories up to 1328.
 std::vector<SequenceShape> DecodeSequences();
+std::vector<SequenceShape> DecodeLongSequences();
 std::vector<SequenceShape> PrefillSequences(int32_t prefill_len);
 std::vector<SequenceShape> MixedSequences();
 

@@ -24,6 +24,7 @@
 #define RPA_SRC_KERNEL_ATTENTION_INL_H_
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -50,11 +51,47 @@ using HwyElem = std::conditional_t<
     kDtype == DType::kF32, float,
     std::conditional_t<kDtype == DType::kBF16, hwy::bfloat16_t, hwy::float16_t>>;
 
+// Storage tags of the 8-bit K/V dtypes, converted in registers (LoadF32).
+struct E4M3Elem { uint8_t bits; };
+struct E5M2Elem { uint8_t bits; };
+struct I8Elem { int8_t bits; };
+
+// The 8-bit floats are widened to f16 by moving bits, then to f32 by the
+// hardware's f16 conversion (vcvtph2ps where the target has it):
+// * e5m2 is the top byte of an f16 (same exponent bias 15): exact, inf and
+//   NaN included.
+// * e4m3fn (bias 7) shifted into f16's (bias 15) layout is its value times
+//   2^-8, subnormals included; kE4M3Rescale (2^8) is folded into the logit
+//   and output scales, so nothing is multiplied per element. Its NaN codes
+//   (0x7F, 0xFF) would land on a finite f16, so they are set to NaN.
+inline constexpr float kE4M3Rescale = 256.0f;
+
 // Lanes [0, Lanes(df)) of a row, converted to f32 in registers.
 template <typename T>
 HWY_INLINE VF LoadF32(DF df, const T* p) {
   if constexpr (std::is_same_v<T, float>) {
     return hn::LoadU(df, p);
+  } else if constexpr (std::is_same_v<T, I8Elem>) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int32_t, DF> d32;
+    return hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p))));
+  } else if constexpr (std::is_same_v<T, E5M2Elem> || std::is_same_v<T, E4M3Elem>) {
+    const hn::Rebind<uint8_t, DF> d8;
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto x = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const uint8_t*>(p)));
+    if constexpr (std::is_same_v<T, E5M2Elem>) {
+      return hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(x)));
+    } else {
+      const auto magnitude = hn::And(x, hn::Set(d16, uint16_t{0x7F}));
+      const auto bits = hn::Or(hn::ShiftLeft<7>(magnitude),
+                               hn::ShiftLeft<8>(hn::And(x, hn::Set(d16, uint16_t{0x80}))));
+      const VF f = hn::PromoteTo(df, hn::BitCast(dh, bits));
+      const hn::Rebind<uint32_t, DF> du;
+      const auto nan = hn::RebindMask(
+          df, hn::Eq(hn::PromoteTo(du, magnitude), hn::Set(du, uint32_t{0x7F})));
+      return hn::IfThenElse(nan, hn::Set(df, std::numeric_limits<float>::quiet_NaN()), f);
+    }
   } else {
     const hn::Rebind<T, DF> dh;
     return hn::PromoteTo(df, hn::LoadU(dh, p));
@@ -293,45 +330,21 @@ inline void FixNanLogits(const float* q, int64_t q_stride, int64_t rows,
   }
 }
 
-// A 256-entry table per 8-bit K/V dtype: the exact f32 of every code.
-inline const float* ByteTable(DType dtype) {
-  static const auto make = [](DType t) {
-    static float tables[3][256];
-    const int which = t == DType::kF8E4M3FN ? 0 : t == DType::kF8E5M2 ? 1 : 2;
-    for (int code = 0; code < 256; ++code) {
-      const uint8_t byte = static_cast<uint8_t>(code);
-      tables[which][code] = LoadAsF32(t, &byte, 0);
-    }
-    return tables[which];
-  };
-  static const float* e4m3 = make(DType::kF8E4M3FN);
-  static const float* e5m2 = make(DType::kF8E5M2);
-  static const float* i8 = make(DType::kI8);
-  return dtype == DType::kF8E4M3FN ? e4m3 : dtype == DType::kF8E5M2 ? e5m2 : i8;
-}
-
-// Converts the rows of an 8-bit K or V tile into f32 scratch rows and
-// repoints the row pointers there (the simple path for quantized caches).
-inline void ConvertByteRows(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
-                            float* dst, int64_t dim_pad) {
-  const float* table = ByteTable(dtype);
-  for (int64_t t = 0; t < tokens; ++t) {
-    const uint8_t* src = static_cast<const uint8_t*>(rows[t]);
-    float* out = dst + t * dim_pad;
-    for (int64_t d = 0; d < head_dim; ++d) out[d] = table[src[d]];
-    rows[t] = out;
-  }
-}
-
 inline void LogitsDispatch(DType kv, const float* q, int64_t q_stride, int64_t rows,
                            const void* const* k_rows, int64_t tokens, int64_t head_dim,
                            float* s, int64_t s_stride) {
   switch (kv) {
+    case DType::kF8E4M3FN:
+      return Logits<E4M3Elem>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
+    case DType::kF8E5M2:
+      return Logits<E5M2Elem>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
+    case DType::kI8:
+      return Logits<I8Elem>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
     case DType::kBF16:
       return Logits<hwy::bfloat16_t>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
     case DType::kF16:
       return Logits<hwy::float16_t>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
-    default:  // f32, and 8-bit types already converted to f32 rows.
+    default:  // f32.
       return Logits<float>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
   }
 }
@@ -340,6 +353,12 @@ inline void PvDispatch(DType kv, const float* p, int64_t p_stride, int64_t rows,
                        const void* const* v_rows, int64_t tokens, int64_t head_dim, float* acc,
                        int64_t acc_stride) {
   switch (kv) {
+    case DType::kF8E4M3FN:
+      return Pv<E4M3Elem>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
+    case DType::kF8E5M2:
+      return Pv<E5M2Elem>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
+    case DType::kI8:
+      return Pv<I8Elem>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
     case DType::kBF16:
       return Pv<hwy::bfloat16_t>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
     case DType::kF16:
@@ -368,23 +387,41 @@ inline void StoreRow(DType dtype, void* dst, const float* src, int64_t count) {
   }
 }
 
+// Fills base[i] with kv head task.kv_head's K (or V) row of key t0 + i.
+inline void TileRowPointers(const AttentionProblem& pr, const PagesView& pages, int32_t seq,
+                            int32_t kv_head, int64_t t0, int64_t n, const uint8_t** base) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = t0 + i;
+    const int64_t page = pr.PageIndex(seq, t / pr.page_size);
+    base[i] = ElementPtr(pages.data, pr.kv_dtype, pages.Offset(page, t % pr.page_size, kv_head));
+  }
+}
+
+// Keys per tile when a task spans several kv heads: the tile of all its
+// heads (64 tokens x 4 KiB for 8 kv heads x 128 bf16 x K,V = 256 KiB) and the
+// next one, prefetched meanwhile, fit in L2 together.
+inline constexpr int64_t kMultiHeadTile = 64;
+
 HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, int64_t kv_block,
                           KernelPath path, const WorkerScratch& ws, float* partials) {
   const int64_t G = pr.QueriesPerKvHead();
   const int64_t D = pr.head_dim;
   const int64_t dim_pad = ws.dim_pad;
-  const int64_t rows = (task.q_end - task.q_begin) * G;
+  const int64_t heads = task.kv_head_end - task.kv_head;
+  const int64_t rows_per_head = (task.q_end - task.q_begin) * G;
+  const int64_t rows = rows_per_head * heads;
   const int64_t q_start = pr.cu_q_lens[task.seq];
   const int64_t q_len = pr.cu_q_lens[task.seq + 1] - q_start;
   const int64_t kv_len = pr.kv_lens[task.seq];
   const bool bf16_path = path == KernelPath::kAvx512Bf16 && pr.kv_dtype == DType::kBF16;
-  const bool byte_kv = SizeOf(pr.kv_dtype) == 1;
+  // e4m3fn converts to value * 2^-8 (LoadF32): undone in the scales.
+  const float e4m3 = pr.kv_dtype == DType::kF8E4M3FN ? kE4M3Rescale : 1.0f;
+  // Row r's token and q head (see KernelTask).
+  auto token_of = [&](int64_t r) { return q_start + task.q_begin + (r % rows_per_head) / G; };
+  auto head_of = [&](int64_t r) { return (task.kv_head + r / rows_per_head) * G + r % G; };
 
-  // Q rows: row r = (token q_begin + r / G, q head kv_head * G + r % G).
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t token = q_start + task.q_begin + r / G;
-    const int64_t head = task.kv_head * G + r % G;
-    const int64_t offset = token * pr.q_token_stride + head * pr.q_head_stride;
+    const int64_t offset = token_of(r) * pr.q_token_stride + head_of(r) * pr.q_head_stride;
     float* q = ws.q + r * dim_pad;
     for (int64_t d = 0; d < D; ++d) q[d] = LoadAsF32(pr.q_dtype, pr.q, offset + d);
     for (int64_t d = D; d < dim_pad; ++d) q[d] = 0.0f;
@@ -404,7 +441,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   const uint16_t* q_lo = pr.q_dtype == DType::kBF16 ? nullptr : ws.q_lo;  // Else exactly 0.
 
   SoftmaxParams sp;
-  sp.logit_scale = pr.sm_scale * pr.k_scale;
+  sp.logit_scale = pr.sm_scale * pr.k_scale * e4m3;
   sp.soft_cap = pr.soft_cap;
   sp.mask_value = pr.mask_value;
   sp.vanish = pr.MaskedKeysVanish();
@@ -412,53 +449,92 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   sp.round_bf16 = bf16_path;
 
   const int64_t s_stride = ws.token_pad;
-  const int64_t row_bytes = D * static_cast<int64_t>(SizeOf(pr.kv_dtype));
-  for (int64_t t0 = task.kv_begin; t0 < task.kv_end;) {
-    const int64_t t1 = std::min<int64_t>(task.kv_end, (t0 / kv_block + 1) * kv_block);
-    const int64_t n = t1 - t0;
-    // Row pointers of the tile's keys: only keys below kv_len are ever read.
-    // The rows of one kv head sit a whole token apart (4 KiB for 8 kv heads
-    // x 128 bf16 x K,V), so the hardware prefetchers, which stay inside a
-    // 4 KiB page, do not follow them: prefetch every line of the tile into
-    // L2 here, all misses in flight at once, before the products read them.
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = t0 + i;
-      const int64_t page = pr.PageIndex(task.seq, t / pr.page_size);
-      const int64_t slot = t % pr.page_size;
-      const uint8_t* k = ElementPtr(pr.k.data, pr.kv_dtype, pr.k.Offset(page, slot, task.kv_head));
-      const uint8_t* v = ElementPtr(pr.v.data, pr.kv_dtype, pr.v.Offset(page, slot, task.kv_head));
-      ws.k_rows[i] = k;
-      ws.v_rows[i] = v;
-      for (int64_t b = 0; b < row_bytes; b += 64) {
-        __builtin_prefetch(k + b, 0, 2);
-        __builtin_prefetch(v + b, 0, 2);
+  const int64_t elem = static_cast<int64_t>(SizeOf(pr.kv_dtype));
+  const int64_t row_bytes = D * elem;
+  const int64_t k_head_bytes = pr.k.head_stride * elem;
+  const int64_t v_head_bytes = pr.v.head_stride * elem;
+  const int64_t step = heads > 1 ? std::min(kv_block, kMultiHeadTile) : kv_block;
+  // Tile [t0, t1): within one kv_block tile (chunks split there) and `step`.
+  auto tile_end = [&](int64_t t0) {
+    return std::min({static_cast<int64_t>(task.kv_end), (t0 / kv_block + 1) * kv_block,
+                     t0 + step});
+  };
+  // Row pointers of the current and the next tile (ping-pong). Only keys
+  // below kv_len are ever read, so NaN pages and garbage page indices past
+  // them are never followed. One kv head's rows sit a whole token apart (4
+  // KiB for 8 kv heads x 128 bf16 x K,V), which the hardware prefetchers do
+  // not follow: the next tile's rows are prefetched into L2 while this one
+  // is computed, and the first tile's up front.
+  int cur = 0;
+  int64_t t0 = task.kv_begin;
+  int64_t t1 = t0 < task.kv_end ? tile_end(t0) : t0;
+  if (t0 < t1) {
+    TileRowPointers(pr, pr.k, task.seq, task.kv_head, t0, t1 - t0, ws.k_base);
+    TileRowPointers(pr, pr.v, task.seq, task.kv_head, t0, t1 - t0, ws.v_base);
+    for (int64_t i = 0; i < t1 - t0; ++i) {
+      for (int64_t h = 0; h < heads; ++h) {
+        PrefetchRow(ws.k_base[i] + h * k_head_bytes, row_bytes);
+        PrefetchRow(ws.v_base[i] + h * v_head_bytes, row_bytes);
       }
     }
-    if (bf16_path) {
-      Bf16Logits(ws.q_hi, q_lo, dim_pad, rows, ws.k_rows, n, D, ws.s, s_stride);
-      // hi + lo: an infinite K element makes 0 * inf = NaN in the lo term
-      // (or inf - inf across the two) where q . k is a signed infinity.
-      // Rare, so such logits are recomputed in f32 from the f32 q.
-      if (q_lo != nullptr) FixNanLogits(ws.q, dim_pad, rows, ws.k_rows, n, D, ws.s, s_stride);
-    } else {
-      if (byte_kv) ConvertByteRows(pr.kv_dtype, ws.k_rows, n, D, ws.kv_f32, dim_pad);
-      LogitsDispatch(byte_kv ? DType::kF32 : pr.kv_dtype, ws.q, dim_pad, rows, ws.k_rows, n, D,
-                     ws.s, s_stride);
+  }
+  while (t0 < t1) {
+    const int64_t n = t1 - t0;
+    const int64_t t2 = t1 < task.kv_end ? tile_end(t1) : t1;
+    const int64_t n_next = t2 - t1;
+    const uint8_t** k_cur = ws.k_base + cur * ws.token_pad;
+    const uint8_t** v_cur = ws.v_base + cur * ws.token_pad;
+    const uint8_t** k_nb = ws.k_base + (1 - cur) * ws.token_pad;
+    const uint8_t** v_nb = ws.v_base + (1 - cur) * ws.token_pad;
+    if (n_next > 0) {
+      TileRowPointers(pr, pr.k, task.seq, task.kv_head, t1, n_next, k_nb);
+      TileRowPointers(pr, pr.v, task.seq, task.kv_head, t1, n_next, v_nb);
     }
     const int64_t n_pad = RoundUp(n, static_cast<int64_t>(hn::Lanes(DF())));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pos = kv_len - q_len + task.q_begin + r / G;
-      SoftmaxRow(sp, pos, t0, n, n_pad, ws.s + r * s_stride, ws.m + r, ws.l + r,
-                 ws.acc + r * dim_pad, dim_pad);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        ws.k_rows[i] = k_cur[i] + h * k_head_bytes;
+        ws.v_rows[i] = v_cur[i] + h * v_head_bytes;
+      }
+      for (int64_t i = 0; i < n_next; ++i) {
+        ws.k_next[i] = k_nb[i] + h * k_head_bytes;
+        ws.v_next[i] = v_nb[i] + h * v_head_bytes;
+      }
+      const int64_t r0 = h * rows_per_head;
+      float* s_h = ws.s + r0 * s_stride;
+      float* acc_h = ws.acc + r0 * dim_pad;
+      if (bf16_path) {
+        Bf16Logits(ws.q_hi + r0 * dim_pad, q_lo != nullptr ? q_lo + r0 * dim_pad : nullptr,
+                   dim_pad, rows_per_head, ws.k_rows, n, D, s_h, s_stride, ws.k_next, n_next);
+        // hi + lo: an infinite K element makes 0 * inf = NaN in the lo term
+        // (or inf - inf across the two) where q . k is a signed infinity.
+        // Rare, so such logits are recomputed in f32 from the f32 q.
+        if (q_lo != nullptr) {
+          FixNanLogits(ws.q + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D, s_h,
+                       s_stride);
+        }
+      } else {
+        for (int64_t i = 0; i < n_next; ++i) PrefetchRow(ws.k_next[i], row_bytes);
+        LogitsDispatch(pr.kv_dtype, ws.q + r0 * dim_pad, dim_pad,
+                       rows_per_head, ws.k_rows, n, D, s_h, s_stride);
+      }
+      for (int64_t r = r0; r < r0 + rows_per_head; ++r) {
+        const int64_t pos = kv_len - q_len + task.q_begin + (r - r0) / G;
+        SoftmaxRow(sp, pos, t0, n, n_pad, ws.s + r * s_stride, ws.m + r, ws.l + r,
+                   ws.acc + r * dim_pad, dim_pad);
+      }
+      if (bf16_path) {
+        Bf16AccumulatePV(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad,
+                         ws.v_next, n_next);
+      } else {
+        for (int64_t i = 0; i < n_next; ++i) PrefetchRow(ws.v_next[i], row_bytes);
+        PvDispatch(pr.kv_dtype, s_h, s_stride, rows_per_head,
+                   ws.v_rows, n, D, acc_h, dim_pad);
+      }
     }
-    if (bf16_path) {
-      Bf16AccumulatePV(ws.s, s_stride, rows, ws.v_rows, n, D, ws.acc, dim_pad);
-    } else {
-      if (byte_kv) ConvertByteRows(pr.kv_dtype, ws.v_rows, n, D, ws.kv_f32, dim_pad);
-      PvDispatch(byte_kv ? DType::kF32 : pr.kv_dtype, ws.s, s_stride, rows, ws.v_rows, n, D,
-                 ws.acc, dim_pad);
-    }
+    cur = 1 - cur;
     t0 = t1;
+    t1 = t2;
   }
 
   // Back to natural dimension order (the bf16 PV path interleaves it).
@@ -484,13 +560,13 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t r = 0; r < rows; ++r) {
     const float l = ws.l[r];
-    const int64_t token = q_start + task.q_begin + r / G;
-    const int64_t head = task.kv_head * G + r % G;
+    const int64_t token = token_of(r);
+    const int64_t head = head_of(r);
     // A sink joins the denominator only (SPEC §1), in the frame of m.
     // l == 0: no key visible; a NaN l (poisoned row) gives NaN.
     const float denominator =
         pr.sinks != nullptr && l != 0.0f ? l + std::exp(pr.sinks[head] - ws.m[r]) : l;
-    const float out_scale = l != 0.0f ? pr.v_scale / denominator : 0.0f;
+    const float out_scale = l != 0.0f ? pr.v_scale * e4m3 / denominator : 0.0f;
     if (pr.lse != nullptr) {
       pr.lse[token * pr.lse_token_stride + head] =
           l != 0.0f ? ws.m[r] + std::log(l) : -std::numeric_limits<float>::infinity();

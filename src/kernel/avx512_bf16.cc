@@ -127,15 +127,32 @@ RPA_BF16_TARGET void LogitsBlock(const uint16_t* q_hi, const uint16_t* q_lo, int
   }
 }
 
+// Prefetches rows [t, t + n) of the next tile that exist.
+inline void PrefetchRows(const void* const* rows, int64_t count, int64_t t, int64_t n,
+                         int64_t bytes) {
+  for (int64_t i = t; i < t + n && i < count; ++i) PrefetchRow(rows[i], bytes);
+}
+
 template <bool kLo>
 RPA_BF16_TARGET void LogitsImpl(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride,
                                 int64_t rows, const void* const* k_rows, int64_t tokens,
-                                int64_t head_dim, float* s, int64_t s_stride) {
+                                int64_t head_dim, float* s, int64_t s_stride,
+                                const void* const* pf, int64_t pf_count) {
+  const int64_t row_bytes = head_dim * 2;
+  // The first row block issues the next tile's prefetches (and any left
+  // over when the next tile is longer).
+  if (pf != nullptr) {
+    const int64_t per = rows > 2 ? 4 : rows == 2 ? 8 : 16;
+    if (pf_count > RoundUp(tokens, per)) {
+      PrefetchRows(pf, pf_count, RoundUp(tokens, per), pf_count, row_bytes);
+    }
+  }
   int64_t r = 0;
   // The row count picks the block shape so that decode with few q heads per
   // kv head (1 or 2) still fills all 16 accumulators.
   for (; r + 4 <= rows || (rows - r > 2); r += 4) {
     for (int64_t t = 0; t < tokens; t += 4) {
+      if (r == 0 && pf != nullptr) PrefetchRows(pf, pf_count, t, 4, row_bytes);
       LogitsBlock<4, 4, kLo>(q_hi + r * q_stride, kLo ? q_lo + r * q_stride : nullptr, q_stride,
                              rows - r, k_rows + t, tokens - t, head_dim,
                              s + r * s_stride + t, s_stride);
@@ -143,12 +160,14 @@ RPA_BF16_TARGET void LogitsImpl(const uint16_t* q_hi, const uint16_t* q_lo, int6
   }
   if (rows - r == 2) {
     for (int64_t t = 0; t < tokens; t += 8) {
+      if (r == 0 && pf != nullptr) PrefetchRows(pf, pf_count, t, 8, row_bytes);
       LogitsBlock<2, 8, kLo>(q_hi + r * q_stride, kLo ? q_lo + r * q_stride : nullptr, q_stride,
                              2, k_rows + t, tokens - t, head_dim, s + r * s_stride + t,
                              s_stride);
     }
   } else if (rows - r == 1) {
     for (int64_t t = 0; t < tokens; t += 16) {
+      if (r == 0 && pf != nullptr) PrefetchRows(pf, pf_count, t, 16, row_bytes);
       LogitsBlock<1, 16, kLo>(q_hi + r * q_stride, kLo ? q_lo + r * q_stride : nullptr,
                               q_stride, 1, k_rows + t, tokens - t, head_dim,
                               s + r * s_stride + t, s_stride);
@@ -161,8 +180,11 @@ RPA_BF16_TARGET void LogitsImpl(const uint16_t* q_hi, const uint16_t* q_lo, int6
 template <int kRows>
 RPA_BF16_TARGET void PvBlock(const uint32_t* p2, int64_t p_stride, int64_t valid_rows,
                              const void* const* v_rows, int64_t tokens, int64_t head_dim,
-                             float* acc, int64_t acc_stride) {
+                             float* acc, int64_t acc_stride, const void* const* pf,
+                             int64_t pf_count) {
   for (int64_t d = 0; d < head_dim; d += 32) {
+    // The first chunk issues the next tile's prefetches, two rows per pair.
+    const bool prefetch = d == 0 && pf != nullptr;
     const int64_t left = head_dim - d;
     const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
     __m512 lo[kRows], hi[kRows];
@@ -172,6 +194,7 @@ RPA_BF16_TARGET void PvBlock(const uint32_t* p2, int64_t p_stride, int64_t valid
       hi[r] = _mm512_loadu_ps(acc + rr * acc_stride + d + 16);
     }
     for (int64_t t = 0; t < tokens; t += 2) {
+      if (prefetch) PrefetchRows(pf, pf_count, t, 2, head_dim * 2);
       const __m512i v0 =
           _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(v_rows[t]) + d);
       const __m512i v1 =
@@ -198,18 +221,25 @@ RPA_BF16_TARGET void PvBlock(const uint32_t* p2, int64_t p_stride, int64_t valid
 
 void Bf16Logits(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride, int64_t rows,
                 const void* const* k_rows, int64_t tokens, int64_t head_dim, float* s,
-                int64_t s_stride) {
+                int64_t s_stride, const void* const* prefetch_rows, int64_t prefetch_count) {
   if (rows <= 0 || tokens <= 0) return;
   if (q_lo != nullptr) {
-    LogitsImpl<true>(q_hi, q_lo, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
+    LogitsImpl<true>(q_hi, q_lo, q_stride, rows, k_rows, tokens, head_dim, s, s_stride,
+                     prefetch_rows, prefetch_count);
   } else {
-    LogitsImpl<false>(q_hi, nullptr, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
+    LogitsImpl<false>(q_hi, nullptr, q_stride, rows, k_rows, tokens, head_dim, s, s_stride,
+                      prefetch_rows, prefetch_count);
   }
 }
 
 void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
-                      int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride) {
+                      int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
+                      const void* const* prefetch_rows, int64_t prefetch_count) {
   if (tokens <= 0) return;
+  const void* const* pf = prefetch_rows;
+  if (pf != nullptr && prefetch_count > RoundUp(tokens, 2)) {
+    PrefetchRows(pf, prefetch_count, RoundUp(tokens, 2), prefetch_count, head_dim * 2);
+  }
   // Pack each row's weights in place into bf16 pairs (key 2i low, 2i + 1
   // high): the weights are bf16-exact f32, so their high halves are the bf16.
   // Done once per tile instead of once per 32-dim chunk.
@@ -227,16 +257,16 @@ void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* cons
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     PvBlock<4>(p2 + r * p_stride, p_stride, 4, v_rows, tokens, head_dim, acc + r * acc_stride,
-               acc_stride);
+               acc_stride, r == 0 ? pf : nullptr, prefetch_count);
   }
   if (rows - r >= 2) {
     PvBlock<2>(p2 + r * p_stride, p_stride, 2, v_rows, tokens, head_dim, acc + r * acc_stride,
-               acc_stride);
+               acc_stride, r == 0 ? pf : nullptr, prefetch_count);
     r += 2;
   }
   if (rows - r == 1) {
     PvBlock<1>(p2 + r * p_stride, p_stride, 1, v_rows, tokens, head_dim, acc + r * acc_stride,
-               acc_stride);
+               acc_stride, r == 0 ? pf : nullptr, prefetch_count);
   }
 }
 
@@ -244,9 +274,9 @@ void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* cons
 
 bool CpuHasAvx512Bf16() { return false; }
 void Bf16Logits(const uint16_t*, const uint16_t*, int64_t, int64_t, const void* const*, int64_t,
-                int64_t, float*, int64_t) {}
+                int64_t, float*, int64_t, const void* const*, int64_t) {}
 void Bf16AccumulatePV(float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
-                      float*, int64_t) {}
+                      float*, int64_t, const void* const*, int64_t) {}
 
 #endif  // RPA_HAVE_X86
 

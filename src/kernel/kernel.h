@@ -29,7 +29,13 @@ inline int64_t RoundUp(int64_t x, int64_t align) { return (x + align - 1) / alig
 
 struct KernelTask {
   int32_t seq = 0;
+  // KV heads [kv_head, kv_head_end). Decode-like tiles (few rows per kv head)
+  // take every kv head of the sequence in one task, so K/V are read page by
+  // page, whole token rows at a time, instead of 512 B out of every 4 KiB.
+  // Rows are kv-head major: row r = (kv head kv_head + r / RH, token
+  // q_begin + (r % RH) / G, q head (kv head) * G + r % G), RH = q tokens x G.
   int32_t kv_head = 0;
+  int32_t kv_head_end = 1;
   int32_t q_begin = 0;  // Query tokens [q_begin, q_end) of the sequence.
   int32_t q_end = 0;
   int32_t kv_begin = 0;  // Keys [kv_begin, kv_end); may be empty.
@@ -51,9 +57,14 @@ struct WorkerScratch {
   float* acc = nullptr;    // [max_rows, dim_pad] output accumulators.
   float* m = nullptr;      // [max_rows] running max.
   float* l = nullptr;      // [max_rows] running sum.
-  float* kv_f32 = nullptr;  // [token_pad, dim_pad] quantized K/V as f32.
   const void** k_rows = nullptr;  // [token_pad] K row of each tile key.
   const void** v_rows = nullptr;  // [token_pad] V row of each tile key.
+  const void** k_next = nullptr;  // [token_pad] K rows of the next tile (prefetch).
+  const void** v_next = nullptr;  // [token_pad] V rows of the next tile.
+  // [2][token_pad] each: kv head task.kv_head's K / V row of each key of the
+  // current and the next tile (ping-pong); other heads are a fixed offset.
+  const uint8_t** k_base = nullptr;
+  const uint8_t** v_base = nullptr;
 };
 
 // Partial of a split task: [rows] m, [rows] l, [rows, dim_pad] acc.
@@ -81,16 +92,28 @@ bool CpuHasAvx512Bf16();
 // q rows are bf16 with q_stride elements, zero padded to RoundUp(head_dim,
 // 32); q_lo (may be null) is added as a second bf16 term. k_rows[i] points at
 // head_dim bf16 values; nothing beyond them is read.
+// prefetch_rows (may be null): rows [0, prefetch_count) of the next tile,
+// brought into L2 while this one is computed (key i's product issues row
+// i's prefetches, so the misses overlap the arithmetic evenly).
 void Bf16Logits(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride, int64_t rows,
                 const void* const* k_rows, int64_t tokens, int64_t head_dim, float* s,
-                int64_t s_stride);
+                int64_t s_stride, const void* const* prefetch_rows = nullptr,
+                int64_t prefetch_count = 0);
 
 // acc_r += sum_i p[r * p_stride + i] * v_i for r < rows, with p exactly
 // representable in bf16 (p is packed in place, so consumed). acc rows
 // (acc_stride floats, >= RoundUp(head_dim, 32)) are kept in the interleaved
 // order of Bf16AccIndex.
 void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
-                      int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride);
+                      int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
+                      const void* const* prefetch_rows = nullptr, int64_t prefetch_count = 0);
+
+// Prefetches the `bytes` bytes at p into L2.
+inline void PrefetchRow(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
+  __builtin_prefetch(c + bytes - 1, 0, 2);  // A row not starting on a line.
+}
 
 // Where dimension d lives in a Bf16AccumulatePV accumulator row: within each
 // 32-dimension chunk, vpunpck{l,h}wd put dimensions {0-3, 8-11, 16-19, 24-27}

@@ -1,0 +1,241 @@
+#include "machine.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "kernel/kernel.h"
+#include "thread_pool.h"
+
+#if defined(__x86_64__)
+// GCC 12's _mm*_undefined_* trip -Wuninitialized where they inline.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace rpa::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Best(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+}
+
+bool HasAvx2Fma() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+bool HasAvx512() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+volatile uint64_t g_sink = 0;
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) uint64_t ReadSliceAvx2(const uint8_t* p, size_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 128 <= bytes; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#endif
+
+uint64_t ReadSlice(const uint8_t* p, size_t bytes) {
+#if defined(__x86_64__)
+  if (HasAvx2Fma()) return ReadSliceAvx2(p, bytes);
+#endif
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(p);
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (size_t i = 0; i + 4 <= bytes / 8; i += 4) {
+    a += w[i];
+    b += w[i + 1];
+    c += w[i + 2];
+    d += w[i + 3];
+  }
+  return a + b + c + d;
+}
+
+// Streaming read GB/s over `buffer` split among `threads` workers.
+double ReadBandwidth(const HugeBuffer& buffer, int threads, int reps) {
+  internal::ThreadPool& pool = internal::GlobalThreadPool();
+  const size_t slice = buffer.size / static_cast<size_t>(threads) / 4096 * 4096;
+  std::vector<double> gbs;
+  std::vector<uint64_t> sums(static_cast<size_t>(threads));
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    pool.ParallelFor(threads, threads, [&](int64_t task, int) {
+      sums[task] = ReadSlice(buffer.data + slice * task, slice);
+    });
+    const double s = Seconds(t0, Clock::now());
+    for (uint64_t x : sums) g_sink = g_sink + x;
+    gbs.push_back(static_cast<double>(slice) * threads / s * 1e-9);
+  }
+  return Best(gbs);
+}
+
+// The compute probes: kAcc independent accumulators, each updated once per
+// iteration, so the loop is bound by the instruction's throughput, not its
+// latency, as long as kAcc >= latency x instructions per cycle (FMA: 4 x 2;
+// vdpbf16ps: ~6 x 2). Each returns the FLOPs it did: an FMA lane is 2, a
+// vdpbf16ps lane 4 (two bf16 products and their two additions).
+#if defined(__x86_64__)
+constexpr int kAcc = 16;
+
+__attribute__((target("avx2,fma"))) double FmaAvx2(int64_t iters) {
+  __m256 a[kAcc];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm256_set1_ps(0.001f * i);
+  const __m256 b = _mm256_set1_ps(0.99999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kAcc; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
+  }
+  __m256 s = a[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm256_add_ps(s, a[i]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, s);
+  g_sink = g_sink + static_cast<uint64_t>(out[0]);
+  return static_cast<double>(iters) * kAcc * 8 * 2;
+}
+
+__attribute__((target("avx512f"))) double FmaAvx512(int64_t iters) {
+  __m512 a[kAcc];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 b = _mm512_set1_ps(0.99999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kAcc; ++i) a[i] = _mm512_fmadd_ps(a[i], b, c);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, a[i]);
+  g_sink = g_sink + static_cast<uint64_t>(_mm512_reduce_add_ps(s));
+  return static_cast<double>(iters) * kAcc * 16 * 2;
+}
+
+__attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) double DotBf16(int64_t iters) {
+  __m512 a[kAcc];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm512_set1_ps(0.001f * i);
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3F80));  // 1.0
+  const __m512bh c = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3380));  // ~6e-8
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kAcc; ++i) a[i] = _mm512_dpbf16_ps(a[i], b, c);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, a[i]);
+  g_sink = g_sink + static_cast<uint64_t>(_mm512_reduce_add_ps(s));
+  return static_cast<double>(iters) * kAcc * 16 * 4;
+}
+#endif
+
+// GFLOP/s of `kernel` run on `threads` threads at once; best of reps. Each
+// worker times its own loop (the pool's wake-up is not the probe's).
+double PeakGflops(double (*kernel)(int64_t), int threads, int reps, int64_t iters) {
+  internal::ThreadPool& pool = internal::GlobalThreadPool();
+  std::vector<double> results;
+  std::vector<double> rate(static_cast<size_t>(threads));
+  for (int r = 0; r < reps; ++r) {
+    pool.ParallelFor(threads, threads, [&](int64_t task, int) {
+      const auto t0 = Clock::now();
+      const double flops = kernel(iters);
+      rate[task] = flops / Seconds(t0, Clock::now()) * 1e-9;
+    });
+    double total = 0.0;
+    for (double x : rate) total += x;
+    results.push_back(total);
+  }
+  return Best(results);
+}
+
+}  // namespace
+
+HugeBuffer::HugeBuffer(size_t bytes) : size(bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  madvise(p, bytes, MADV_HUGEPAGE);
+  data = static_cast<uint8_t*>(p);
+}
+
+HugeBuffer::~HugeBuffer() {
+  if (data != nullptr) munmap(data, size);
+}
+
+int64_t LastLevelCacheBytes() {
+  long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return llc > 0 ? llc : (32 << 20);
+}
+
+double MachineLimits::PeakGflops(DType kv_dtype, bool all_threads) const {
+  const int i = all_threads ? 1 : 0;
+  const bool bf16_exact = kv_dtype == DType::kBF16 || kv_dtype == DType::kF8E4M3FN ||
+                          kv_dtype == DType::kF8E5M2;
+  return bf16_exact && bf16_dot_gflops[i] > 0 ? bf16_dot_gflops[i] : fma_f32_gflops[i];
+}
+
+double MachineLimits::RooflineSeconds(double flops, double bytes, DType kv_dtype,
+                                      bool all_threads) const {
+  const double bw = read_gbs[all_threads ? 1 : 0] * 1e9;
+  const double peak = PeakGflops(kv_dtype, all_threads) * 1e9;
+  return std::max(bw > 0 ? bytes / bw : 0.0, peak > 0 ? flops / peak : 0.0);
+}
+
+MachineLimits MeasureMachine(int threads, bool quick) {
+  const auto start = Clock::now();
+  MachineLimits limits;
+  limits.threads = internal::ResolveNumThreads(threads);
+  limits.llc_bytes = LastLevelCacheBytes();
+  limits.avx512_bf16 = internal::CpuHasAvx512Bf16();
+  // At least 4x the LLC, so the reads come from memory.
+  const size_t bytes = std::clamp<size_t>(static_cast<size_t>(limits.llc_bytes) * 4,
+                                          size_t{1} << 30, size_t{4} << 30);
+  HugeBuffer buffer(quick ? std::max<size_t>(size_t{1} << 30,
+                                             static_cast<size_t>(limits.llc_bytes) * 4)
+                          : bytes);
+  std::memset(buffer.data, 1, buffer.size);
+  const int reps = quick ? 3 : 7;
+  const int counts[2] = {1, limits.threads};
+  // ~20 ms (quick) / ~60 ms per probe repetition at ~100 GFLOP/s.
+  const int64_t iters = quick ? 1000000 : 3000000;
+  for (int i = 0; i < 2; ++i) {
+    limits.read_gbs[i] = ReadBandwidth(buffer, counts[i], reps);
+#if defined(__x86_64__)
+    if (HasAvx2Fma()) limits.fma_f32_gflops[i] = PeakGflops(FmaAvx2, counts[i], reps, iters);
+    if (HasAvx512()) {
+      limits.fma_f32_gflops[i] =
+          std::max(limits.fma_f32_gflops[i], PeakGflops(FmaAvx512, counts[i], reps, iters));
+    }
+    if (limits.avx512_bf16) {
+      limits.bf16_dot_gflops[i] = PeakGflops(DotBf16, counts[i], reps, iters);
+    }
+#endif
+  }
+  limits.seconds = Seconds(start, Clock::now());
+  return limits;
+}
+
+}  // namespace rpa::tools

@@ -1,0 +1,56 @@
+// This machine's limits, measured (SPEC §5): streaming read bandwidth over a
+// buffer several times the last-level cache, the f32 FMA peak and the bf16
+// dot peak (vdpbf16ps) where the CPU has it, each on one thread and on
+// `threads` threads at once. `rpa bench` reports its workloads as fractions
+// of these; `rpa demo` can print its speed against them.
+#ifndef RPA_TOOLS_MACHINE_H_
+#define RPA_TOOLS_MACHINE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "rpa/dtype.h"
+
+namespace rpa::tools {
+
+struct MachineLimits {
+  int threads = 1;          // The "all threads" count measured.
+  int64_t llc_bytes = 0;    // Last-level cache (sysconf; 32 MiB if unknown).
+  bool avx512_bf16 = false;  // vdpbf16ps available (CPUID + OS state).
+  // [0]: one thread, [1]: `threads` threads together.
+  double read_gbs[2] = {0, 0};         // GB/s (1e9 B/s), streaming reads.
+  double fma_f32_gflops[2] = {0, 0};   // Best of the AVX2 and AVX-512 FMA loops.
+  double bf16_dot_gflops[2] = {0, 0};  // 0: no bf16 dot on this CPU.
+  double seconds = 0;                  // How long the measurement took.
+
+  // Peak GFLOP/s of the fastest arithmetic this CPU offers for attention on
+  // K/V of `kv_dtype` (the bf16 dot peak for bf16 and 8-bit float K/V where
+  // the CPU has it, else the f32 FMA peak). all_threads picks index 1.
+  double PeakGflops(DType kv_dtype, bool all_threads) const;
+  // The roofline time in seconds of `flops` FLOPs reading `bytes` bytes.
+  double RooflineSeconds(double flops, double bytes, DType kv_dtype, bool all_threads) const;
+};
+
+// Measures the limits on 1 and `threads` threads (0: RPA_NUM_THREADS or all
+// cores). quick: ~3-5 s (a 1 GiB buffer, short probes); else ~10-20 s.
+// Each figure is the best of several repetitions: a peak is what the
+// hardware can do, and on a shared machine other work only ever slows a
+// repetition down.
+MachineLimits MeasureMachine(int threads, bool quick);
+
+// Anonymous memory that asks for transparent huge pages (MADV_HUGEPAGE):
+// the operating system here grants them only to memory that asks.
+struct HugeBuffer {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  explicit HugeBuffer(size_t bytes);
+  ~HugeBuffer();
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+};
+
+int64_t LastLevelCacheBytes();
+
+}  // namespace rpa::tools
+
+#endif  // RPA_TOOLS_MACHINE_H_
