@@ -18,6 +18,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -37,7 +38,14 @@ namespace {
 // legacy "dltensor" capsule holds. Only what we read is named.
 namespace dlpack {
 constexpr int32_t kCPU = 1;
-enum TypeCode : uint8_t { kInt = 0, kUInt = 1, kFloat = 2, kBfloat = 4 };
+enum TypeCode : uint8_t {
+  kInt = 0,
+  kUInt = 1,
+  kFloat = 2,
+  kBfloat = 4,
+  kFloat8E4M3FN = 10,  // DLPack 1.1.
+  kFloat8E5M2 = 12,
+};
 struct Device {
   int32_t device_type;
   int32_t device_id;
@@ -83,6 +91,12 @@ std::optional<rpa::DType> DTypeFromDlpack(const dlpack::DataType& t) {
       return std::nullopt;
     case dlpack::kUInt:
       if (t.bits == 8) return rpa::DType::kU8;
+      return std::nullopt;
+    case dlpack::kFloat8E4M3FN:
+      if (t.bits == 8) return rpa::DType::kF8E4M3FN;
+      return std::nullopt;
+    case dlpack::kFloat8E5M2:
+      if (t.bits == 8) return rpa::DType::kF8E5M2;
       return std::nullopt;
     default:
       return std::nullopt;
@@ -131,10 +145,16 @@ std::string DtypeRepr(py::handle obj, const std::string& fallback) {
 // the library's wording for dtypes it can name but does not support.
 [[noreturn]] void ThrowUnsupportedDtype(const std::string& name, const std::string& dtype_repr) {
   std::string allowed = "int32";
-  if (name == "q" || name == "out") allowed = "float32, bfloat16, float16";
-  if (name == "kv_pages" || name == "k_pages" || name == "v_pages") {
+  if (name == "q" || name == "out" || name == "out_a" || name == "out_b") {
+    allowed = "float32, bfloat16, float16";
+  }
+  if (name == "kv_pages" || name == "k_pages" || name == "v_pages" || name == "new_k" ||
+      name == "new_v") {
     allowed = "float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8";
   }
+  if (name == "sinks" || name == "lse" || name == "lse_a" || name == "lse_b") allowed = "float32";
+  if (name == "x") allowed = "float32, bfloat16, float16, float64";
+  if (name == "codes") allowed = "uint8, int8";
   ThrowValue(rpa::ErrorKind::kDtype, name + ".dtype=" + dtype_repr + " is not supported; " +
                                          name + " must be one of " + allowed + ". Cast " + name +
                                          " to one of these dtypes.");
@@ -161,6 +181,13 @@ class Array {
   rpa::TensorView const_view() const { return view_; }
   bool copied() const { return copied_; }
   const py::object& owner() const { return owner_; }
+
+  // Reads the array as `as` (kv_dtype=): the bytes of a uint8 array as
+  // float8_e4m3fn, float8_e5m2 or int8 codes, zero-copy (one-byte elements,
+  // so the strides stay valid). `as` equal to the array's own dtype, or none,
+  // changes nothing. `keyword` names the argument that asked, for messages.
+  void Reinterpret(std::optional<rpa::DType> as, const std::string& name,
+                   const std::string& keyword);
 
   // [lowest, highest] byte address the view can touch; empty views touch none.
   std::pair<uintptr_t, uintptr_t> Extent() const {
@@ -244,8 +271,12 @@ bool Array::DescribeBuffer(py::handle obj, const std::string& name, bool writabl
     Py_buffer probe;
     if (writable && PyObject_GetBuffer(obj.ptr(), &probe, PyBUF_RECORDS_RO) == 0) {
       PyBuffer_Release(&probe);  // Readable, so it was read-only.
+      const bool optional_output = name == "out" || name == "lse";
       ThrowValue(rpa::ErrorKind::kLayout,
-                 name + " is read-only. Pass a writable array, or omit " + name + ".");
+                 name + " is read-only" +
+                     (optional_output ? ". Pass a writable array, or omit " + name + "."
+                                      : ", and this call writes into it. Pass a writable "
+                                        "array (a NumPy copy is)."));
     }
     PyErr_Clear();
     // NumPy refuses to export object (and a few other) dtypes.
@@ -382,6 +413,50 @@ void TranslateErrors(std::exception_ptr exception) {
   }
 }
 
+// ---- Quantized dtypes by name (kv_dtype=, quantize's dtype).
+
+bool IsQuantized(rpa::DType d) {
+  return d == rpa::DType::kF8E4M3FN || d == rpa::DType::kF8E5M2 || d == rpa::DType::kI8;
+}
+
+// The DType a name (a str, or None) stands for. `any_kv`: every KV-cache
+// dtype is accepted (kv_dtype= may name the cache's own dtype); otherwise only
+// the quantized ones.
+std::optional<rpa::DType> ParseDtypeName(py::handle value, const std::string& keyword,
+                                         bool any_kv) {
+  if (value.is_none()) return std::nullopt;
+  if (!py::isinstance<py::str>(value)) {
+    throw py::type_error(keyword + " must be a dtype name such as 'float8_e4m3fn'" +
+                         (any_kv ? " or None" : "") + ". Got " + Repr(value) + ".");
+  }
+  const std::optional<rpa::DType> d = rpa::DTypeFromString(value.cast<std::string>());
+  const bool kv = d && (IsQuantized(*d) || *d == rpa::DType::kF32 ||
+                        *d == rpa::DType::kBF16 || *d == rpa::DType::kF16);
+  if (!d || (any_kv ? !kv : !IsQuantized(*d))) {
+    ThrowValue(rpa::ErrorKind::kDtype,
+               keyword + "=" + Repr(value) + " is not supported; " + keyword +
+                   " must be one of 'float8_e4m3fn', 'float8_e5m2', 'int8'" +
+                   (any_kv ? " or None" : "") + ". Pass one of these names" +
+                   (any_kv ? " (None reads the cache in its own dtype)." : "."));
+  }
+  return d;
+}
+
+void Array::Reinterpret(std::optional<rpa::DType> as, const std::string& name,
+                        const std::string& keyword) {
+  if (!as || view_.dtype == *as) return;
+  if (view_.dtype != rpa::DType::kU8 || !IsQuantized(*as)) {
+    ThrowValue(rpa::ErrorKind::kDtype,
+               name + ".dtype=" + DtypeRepr(owner_, std::string(rpa::ToString(view_.dtype))) +
+                   " cannot be read as " + keyword + "='" + std::string(rpa::ToString(*as)) +
+                   "'; " + keyword + " reads the bytes of a uint8 array as " +
+                   std::string(rpa::ToString(*as)) + " codes. Pass " + name +
+                   " as uint8 (rpa.quantize makes such codes)" +
+                   (keyword == "kv_dtype" ? ", or omit kv_dtype to use its own dtype." : "."));
+  }
+  view_.dtype = *as;
+}
+
 // ---- Python scalars to options, unchanged: ints stay int64, floats double.
 
 std::optional<int64_t> OptionalInt(py::handle value, const char* name) {
@@ -462,26 +537,45 @@ struct RaggedArrays {
   Array q, k, v, kv_lens, page_indices, cu_q_lens, num_seqs;
   std::optional<rpa::KVLayout> layout;
 
-  static RaggedArrays Open(py::handle q, py::handle k, py::handle v, py::handle layout,
-                           py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
-                           py::handle num_seqs) {
-    RaggedArrays a;
-    a.layout = ToLayout(layout);
+  // The layout of separate caches (NHD when not given); none for JAX's
+  // combined kv_pages (v is None), which takes no kv_layout.
+  static std::optional<rpa::KVLayout> Layout(py::handle layout, py::handle v) {
+    std::optional<rpa::KVLayout> result = ToLayout(layout);
     const bool split = !v.is_none();
-    if (split && !a.layout) a.layout = rpa::KVLayout::kNHD;
-    if (!split && a.layout) {
+    if (split && !result) result = rpa::KVLayout::kNHD;
+    if (!split && result) {
       ThrowValue(rpa::ErrorKind::kOption,
                  "kv_layout=" + Repr(layout) +
                      " applies to separate K and V caches only. Pass kv_pages=(k_pages, "
                      "v_pages), or omit kv_layout for JAX's combined kv_pages.");
     }
+    return result;
+  }
+
+  // The metadata arrays, in the API's order.
+  void OpenMetadata(py::handle kv_lens_in, py::handle page_indices_in, py::handle cu_q_lens_in,
+                    py::handle num_seqs_in) {
+    kv_lens = Array::Open(kv_lens_in, "kv_lens", false);
+    page_indices = Array::Open(page_indices_in, "page_indices", false);
+    cu_q_lens = Array::Open(cu_q_lens_in, "cu_q_lens", false);
+    num_seqs = Array::Open(num_seqs_in, "num_seqs", false);
+  }
+
+  static RaggedArrays Open(py::handle q, py::handle k, py::handle v, py::handle layout,
+                           py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
+                           py::handle num_seqs, std::optional<rpa::DType> kv_dtype) {
+    RaggedArrays a;
+    a.layout = Layout(layout, v);
+    const bool split = a.layout.has_value();
     a.q = Array::Open(q, "q", false);
-    a.k = Array::Open(k, split ? "k_pages" : "kv_pages", false);
-    if (split) a.v = Array::Open(v, "v_pages", false);
-    a.kv_lens = Array::Open(kv_lens, "kv_lens", false);
-    a.page_indices = Array::Open(page_indices, "page_indices", false);
-    a.cu_q_lens = Array::Open(cu_q_lens, "cu_q_lens", false);
-    a.num_seqs = Array::Open(num_seqs, "num_seqs", false);
+    const std::string k_name = split ? "k_pages" : "kv_pages";
+    a.k = Array::Open(k, k_name, false);
+    a.k.Reinterpret(kv_dtype, k_name, "kv_dtype");
+    if (split) {
+      a.v = Array::Open(v, "v_pages", false);
+      a.v.Reinterpret(kv_dtype, "v_pages", "kv_dtype");
+    }
+    a.OpenMetadata(kv_lens, page_indices, cu_q_lens, num_seqs);
     return a;
   }
   bool split() const { return layout.has_value(); }
@@ -492,7 +586,10 @@ struct RaggedArrays {
 // only after the call succeeded, so a rejected call never touches it.
 class Output {
  public:
-  Output(py::handle out, const std::vector<const Array*>& inputs, const std::string& name = "out")
+  // `as`: read out's bytes as this dtype (Array::Reinterpret), `keyword`
+  // the argument that asked for it.
+  Output(py::handle out, const std::vector<const Array*>& inputs, const std::string& name = "out",
+         std::optional<rpa::DType> as = std::nullopt, const std::string& keyword = "kv_dtype")
       : out_(out) {
     array_ = Array::Open(out, name, /*writable=*/true);
     bool overlaps = array_.copied();
@@ -514,8 +611,11 @@ class Output {
       array_ = Array::Open(scratch, name, true);
     }
     staged_ = overlaps || array_.copied();
+    array_.Reinterpret(as, name, keyword);
   }
   const rpa::MutableTensorView& view() const { return array_.view(); }
+  // What the library writes: `out` itself, or the scratch copy.
+  const Array& array() const { return array_; }
 
   // After success: copy the scratch result into the caller's `out`.
   void Commit() {
@@ -536,10 +636,11 @@ class Output {
 py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::handle layout,
                   py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
                   py::handle num_seqs, py::handle out, py::handle sinks, py::handle lse,
-                  const RaggedKwargs& kwargs) {
+                  py::handle kv_dtype, const RaggedKwargs& kwargs) {
   rpa::AttentionOptions options = ToOptions(kwargs);
   const RaggedArrays a =
-      RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs);
+      RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
+                         ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
   Array sinks_array;
   if (!sinks.is_none()) {
     sinks_array = Array::Open(sinks, "sinks", false);
@@ -583,10 +684,12 @@ py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::
 
 void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, py::handle layout,
               py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
-              py::handle num_seqs, py::handle sinks, const RaggedKwargs& kwargs) {
+              py::handle num_seqs, py::handle sinks, py::handle kv_dtype,
+              const RaggedKwargs& kwargs) {
   rpa::AttentionOptions options = ToOptions(kwargs);
   const RaggedArrays a =
-      RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs);
+      RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
+                         ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
   Array sinks_array;
   if (!sinks.is_none()) {
     sinks_array = Array::Open(sinks, "sinks", false);
@@ -618,7 +721,8 @@ void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, py::handle
 py::object Paged(py::handle q, py::handle k_pages, py::handle v_pages, py::handle lengths,
                  py::handle page_indices, py::handle out, py::handle mask_value,
                  py::handle attn_logits_soft_cap, py::handle pages_per_compute_block,
-                 py::handle megacore_mode, bool inline_seq_dim, py::handle num_threads) {
+                 py::handle megacore_mode, bool inline_seq_dim, py::handle num_threads,
+                 py::handle kv_dtype) {
   rpa::PagedAttentionOptions options;
   options.mask_value = OptionalFloat(mask_value, "mask_value").value_or(rpa::kDefaultMaskValue);
   options.attn_logits_soft_cap = OptionalFloat(attn_logits_soft_cap, "attn_logits_soft_cap");
@@ -636,8 +740,11 @@ py::object Paged(py::handle q, py::handle k_pages, py::handle v_pages, py::handl
   options.num_threads = OptionalThreads(num_threads);
 
   const Array aq = Array::Open(q, "q", false);
-  const Array ak = Array::Open(k_pages, "k_pages", false);
-  const Array av = Array::Open(v_pages, "v_pages", false);
+  const std::optional<rpa::DType> as = ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true);
+  Array ak = Array::Open(k_pages, "k_pages", false);
+  ak.Reinterpret(as, "k_pages", "kv_dtype");
+  Array av = Array::Open(v_pages, "v_pages", false);
+  av.Reinterpret(as, "v_pages", "kv_dtype");
   const Array al = Array::Open(lengths, "lengths", false);
   const Array ap = Array::Open(page_indices, "page_indices", false);
   Output output(out, {&aq, &ak, &av, &al, &ap});
@@ -648,6 +755,166 @@ py::object Paged(py::handle q, py::handle k_pages, py::handle v_pages, py::handl
   }
   output.Commit();
   return py::reinterpret_borrow<py::object>(out);
+}
+
+// The fused KV write: `k` (and `v` for separate caches) are written in place
+// when rpa can write them through strides and they share no memory with an
+// input; otherwise into a copy that is copied back after success. Either way
+// a rejected call leaves them untouched (the library validates first).
+py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, py::handle k,
+                             py::handle v, py::handle layout, py::handle kv_lens,
+                             py::handle page_indices, py::handle cu_q_lens, py::handle num_seqs,
+                             py::handle out, py::handle sinks, py::handle lse,
+                             py::handle kv_dtype, const RaggedKwargs& kwargs) {
+  rpa::AttentionOptions options = ToOptions(kwargs);
+  const std::optional<rpa::DType> as = ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true);
+  RaggedArrays a;
+  a.layout = RaggedArrays::Layout(layout, v);
+  a.q = Array::Open(q, "q", false);
+  const Array ank = Array::Open(new_k, "new_k", false);
+  const Array anv = Array::Open(new_v, "new_v", false);
+  a.OpenMetadata(kv_lens, page_indices, cu_q_lens, num_seqs);
+  Array sinks_array;
+  if (!sinks.is_none()) {
+    sinks_array = Array::Open(sinks, "sinks", false);
+    options.sinks = sinks_array.const_view();
+  }
+  std::vector<const Array*> inputs = {&a.q,         &ank,        &anv,        &a.kv_lens,
+                                      &a.page_indices, &a.cu_q_lens, &a.num_seqs, &sinks_array};
+  // K and V of one combined array may interleave (strided views of it): each
+  // is checked against the inputs only, since the library never writes an
+  // element of one through the other.
+  Output k_cache(k, inputs, a.split() ? "k_pages" : "kv_pages", as);
+  std::optional<Output> v_cache;
+  if (a.split()) v_cache.emplace(v, inputs, "v_pages", as);
+  inputs.push_back(&k_cache.array());
+  if (v_cache) inputs.push_back(&v_cache->array());
+  Output output(out, inputs);
+  std::optional<Output> lse_output;
+  if (!lse.is_none()) {
+    lse_output.emplace(lse, inputs, "lse");
+    options.lse = lse_output->view();
+  }
+  {
+    py::gil_scoped_release release;
+    if (a.split()) {
+      rpa::RaggedPagedAttentionWithKVWrite(
+          a.q.const_view(), ank.const_view(), anv.const_view(), k_cache.view(), v_cache->view(),
+          *a.layout, a.kv_lens.const_view(), a.page_indices.const_view(),
+          a.cu_q_lens.const_view(), a.num_seqs.const_view(), options, output.view());
+    } else {
+      rpa::RaggedPagedAttentionWithKVWrite(
+          a.q.const_view(), ank.const_view(), anv.const_view(), k_cache.view(),
+          a.kv_lens.const_view(), a.page_indices.const_view(), a.cu_q_lens.const_view(),
+          a.num_seqs.const_view(), options, output.view());
+    }
+  }
+  k_cache.Commit();
+  if (v_cache) v_cache->Commit();
+  output.Commit();
+  if (lse_output) lse_output->Commit();
+  return py::reinterpret_borrow<py::object>(out);
+}
+
+// rpa::MergeStates into the caller's `out` and `lse`.
+void Merge(py::handle out_a, py::handle lse_a, py::handle out_b, py::handle lse_b,
+           py::handle out, py::handle lse) {
+  const Array a = Array::Open(out_a, "out_a", false);
+  const Array la = Array::Open(lse_a, "lse_a", false);
+  const Array b = Array::Open(out_b, "out_b", false);
+  const Array lb = Array::Open(lse_b, "lse_b", false);
+  Output merged(out, {&a, &la, &b, &lb}, "out");
+  Output merged_lse(lse, {&a, &la, &b, &lb}, "lse");
+  {
+    py::gil_scoped_release release;
+    rpa::MergeStates(a.const_view(), la.const_view(), b.const_view(), lb.const_view(),
+                     merged.view(), merged_lse.view());
+  }
+  merged.Commit();
+  merged_lse.Commit();
+}
+
+// Calls fn(offset_a, offset_b) for every index of `a`'s shape, with element
+// offsets through a's and b's strides (b has a's shape).
+template <typename Fn>
+void ForEachElement(const rpa::TensorView& a, const rpa::TensorView& b, Fn fn) {
+  int64_t shape[rpa::kMaxRank], sa[rpa::kMaxRank], sb[rpa::kMaxRank];
+  const int pad = rpa::kMaxRank - a.rank;
+  for (int d = 0; d < rpa::kMaxRank; ++d) {
+    shape[d] = d < pad ? 1 : a.shape[d - pad];
+    sa[d] = d < pad ? 0 : a.strides[d - pad];
+    sb[d] = d < pad ? 0 : b.strides[d - pad];
+  }
+  for (int64_t i = 0; i < shape[0]; ++i) {
+    for (int64_t j = 0; j < shape[1]; ++j) {
+      for (int64_t k = 0; k < shape[2]; ++k) {
+        for (int64_t l = 0; l < shape[3]; ++l) {
+          fn(i * sa[0] + j * sa[1] + k * sa[2] + l * sa[3],
+             i * sb[0] + j * sb[1] + k * sb[2] + l * sb[3]);
+        }
+      }
+    }
+  }
+}
+
+float CheckedScale(py::handle scale) {
+  const std::optional<double> s = OptionalFloat(scale, "scale");
+  if (s && !std::isfinite(*s)) {
+    ThrowValue(rpa::ErrorKind::kOption,
+               "scale=" + Repr(scale) + " must be finite. Pass a finite float for scale, or "
+                                        "None to leave it out.");
+  }
+  return static_cast<float>(s.value_or(1.0));  // As the library uses k_scale / v_scale.
+}
+
+void CheckSameShape(const Array& x, const Array& out) {
+  const rpa::MutableTensorView& a = x.view();
+  const rpa::MutableTensorView& b = out.view();
+  if (a.rank != b.rank || a.shape != b.shape) {
+    throw std::logic_error("rpa: out of quantize/dequantize must have x's shape");
+  }
+}
+
+// out = x / scale, rounded and saturated to `dtype` by rpa::StoreFromF32: the
+// conversion the fused KV write uses, so the codes are the bytes it stores.
+void Quantize(py::handle x, py::handle dtype, py::handle scale, py::handle out) {
+  const rpa::DType to = *ParseDtypeName(dtype, "dtype", /*any_kv=*/false);
+  const float s = CheckedScale(scale);
+  const Array ax = Array::Open(x, "x", false);
+  const rpa::DType from = ax.view().dtype;
+  if (from != rpa::DType::kF32 && from != rpa::DType::kBF16 && from != rpa::DType::kF16 &&
+      from != rpa::DType::kF64) {
+    ThrowUnsupportedDtype("x", DtypeRepr(ax.owner(), std::string(rpa::ToString(from))));
+  }
+  Output codes(out, {&ax}, "out", to, "dtype");
+  CheckSameShape(ax, codes.array());
+  {
+    py::gil_scoped_release release;
+    const rpa::MutableTensorView& o = codes.view();
+    ForEachElement(ax.const_view(), o, [&](int64_t i, int64_t j) {
+      rpa::StoreFromF32(to, o.data, j, rpa::LoadAsF32(from, ax.view().data, i) / s);
+    });
+  }
+  codes.Commit();
+}
+
+// out = f32(codes read as `dtype`) * scale, as the library reads K and V.
+void Dequantize(py::handle codes, py::handle dtype, py::handle scale, py::handle out) {
+  const std::optional<rpa::DType> as = ParseDtypeName(dtype, "dtype", /*any_kv=*/false);
+  const float s = CheckedScale(scale);
+  Array ac = Array::Open(codes, "codes", false);
+  ac.Reinterpret(as, "codes", "dtype");
+  Output values(out, {&ac}, "out");
+  CheckSameShape(ac, values.array());
+  {
+    py::gil_scoped_release release;
+    const rpa::MutableTensorView& o = values.view();
+    const rpa::DType from = ac.view().dtype;
+    ForEachElement(ac.const_view(), o, [&](int64_t i, int64_t j) {
+      static_cast<float*>(o.data)[j] = rpa::LoadAsF32(from, ac.view().data, i) * s;
+    });
+  }
+  values.Commit();
 }
 
 // For tests and debugging: how an argument reaches the library.
@@ -708,9 +975,9 @@ PYBIND11_MODULE(_rpa, m) {
          py::object sliding_window, py::object soft_cap, py::object mask_value,
          py::object k_scale, py::object v_scale, py::object num_kv_pages_per_block,
          py::object num_queries_per_block, py::object vmem_limit_bytes,
-         py::object num_threads) {
+         py::object num_threads, py::object kv_dtype) {
         return Ragged(reference, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
-                      out, sinks, lse,
+                      out, sinks, lse, kv_dtype,
                       {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
                        num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
                        num_threads});
@@ -724,7 +991,45 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("k_scale").none(true), py::arg("v_scale").none(true),
       py::arg("num_kv_pages_per_block").none(true), py::arg("num_queries_per_block").none(true),
       py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
+      py::arg("kv_dtype").none(true) = py::none(),
       "Runs a ragged call into `out` and returns it; see rpa.ragged_paged_attention.");
+
+  m.def(
+      "ragged_kv_write",
+      [](py::handle q, py::handle new_k, py::handle new_v, py::handle k, py::handle v,
+         py::handle layout, py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
+         py::handle num_seqs, py::handle out, py::handle sinks, py::handle lse,
+         py::object sm_scale, py::object sliding_window, py::object soft_cap,
+         py::object mask_value, py::object k_scale, py::object v_scale,
+         py::object num_kv_pages_per_block, py::object num_queries_per_block,
+         py::object vmem_limit_bytes, py::object num_threads, py::object kv_dtype) {
+        return RaggedWithKVWrite(q, new_k, new_v, k, v, layout, kv_lens, page_indices,
+                                 cu_q_lens, num_seqs, out, sinks, lse, kv_dtype,
+                                 {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
+                                  v_scale, num_kv_pages_per_block, num_queries_per_block,
+                                  vmem_limit_bytes, num_threads});
+      },
+      py::arg("q"), py::arg("new_k"), py::arg("new_v"), py::arg("k"), py::arg("v").none(true),
+      py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
+      py::arg("cu_q_lens"), py::arg("num_seqs"), py::arg("out"), py::kw_only(),
+      py::arg("sinks").none(true) = py::none(), py::arg("lse").none(true) = py::none(),
+      py::arg("sm_scale").none(true), py::arg("sliding_window").none(true),
+      py::arg("soft_cap").none(true), py::arg("mask_value").none(true),
+      py::arg("k_scale").none(true), py::arg("v_scale").none(true),
+      py::arg("num_kv_pages_per_block").none(true), py::arg("num_queries_per_block").none(true),
+      py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
+      py::arg("kv_dtype").none(true) = py::none(),
+      "Writes new_k/new_v into the cache, then attends into `out` and returns it; see "
+      "rpa.ragged_paged_attention_with_kv_write.");
+
+  m.def("merge_states", &Merge, py::arg("out_a"), py::arg("lse_a"), py::arg("out_b"),
+        py::arg("lse_b"), py::arg("out"), py::arg("lse"),
+        "Merges two partial attentions into `out` and `lse`; see rpa.merge_states.");
+  m.def("quantize", &Quantize, py::arg("x"), py::arg("dtype"), py::arg("scale").none(true),
+        py::arg("out"), "Writes x / scale as `dtype` codes into `out`; see rpa.quantize.");
+  m.def("dequantize", &Dequantize, py::arg("codes"), py::arg("dtype"),
+        py::arg("scale").none(true), py::arg("out"),
+        "Writes float32 codes * scale into `out`; see rpa.dequantize.");
 
   m.def(
       "validate",
@@ -733,9 +1038,9 @@ PYBIND11_MODULE(_rpa, m) {
          py::handle sinks, py::object sm_scale, py::object sliding_window, py::object soft_cap,
          py::object mask_value, py::object k_scale, py::object v_scale,
          py::object num_kv_pages_per_block, py::object num_queries_per_block,
-         py::object vmem_limit_bytes) {
+         py::object vmem_limit_bytes, py::object kv_dtype) {
         Validate(dynamic, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs, sinks,
-                 {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
+                 kv_dtype, {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
                   num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, py::none()});
       },
       py::arg("dynamic"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
@@ -746,6 +1051,7 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("mask_value").none(true), py::arg("k_scale").none(true),
       py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
       py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
+      py::arg("kv_dtype").none(true) = py::none(),
       "Static (dynamic=False) or static and dynamic checks of a ragged call.");
 
   m.def("paged", &Paged, py::arg("q"), py::arg("k_pages"), py::arg("v_pages"),
@@ -753,6 +1059,7 @@ PYBIND11_MODULE(_rpa, m) {
         py::arg("mask_value").none(true), py::arg("attn_logits_soft_cap").none(true),
         py::arg("pages_per_compute_block").none(true), py::arg("megacore_mode").none(true),
         py::arg("inline_seq_dim"), py::arg("num_threads").none(true),
+        py::arg("kv_dtype").none(true) = py::none(),
         "Runs JAX's paged_attention into `out` and returns it; see rpa.paged_attention.");
 
   m.def(

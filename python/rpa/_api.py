@@ -67,6 +67,53 @@ def _split_kv(kv_pages, kv_layout):
   return _as_array(kv_pages), None
 
 
+# Quantized cache dtypes. NumPy and torch before 2.1 have no float8 dtypes:
+# their caches are uint8 arrays of codes plus `kv_dtype=` naming the format.
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _error(kind, message):
+  """rpa.Error for what only the Python layer can see, like the library's."""
+  error = Error(message)
+  error.kind = kind
+  return error
+
+
+def _name_or_none(dtype):
+  return None if dtype is None else _dtype_name(dtype)
+
+
+def _as_codes(x, kv_dtype, name, keyword="kv_dtype"):
+  """(x as the binding reads it, the dtype name to read it as). A float8 array
+  (torch >= 2.1, ml_dtypes) goes as a zero-copy uint8 view of its bytes,
+  named by its own dtype; anything else as it is, named by `kv_dtype`."""
+  x = _as_array(x)
+  own = _dtype_name(x.dtype) if _is_array(x) else None
+  if own not in _FP8:
+    return x, kv_dtype
+  if kv_dtype is not None and kv_dtype != own:
+    raise _error(
+        "dtype", f"{name}.dtype={x.dtype} does not match {keyword}={kv_dtype!r}. Omit "
+        f"{keyword} for a float8 array (its own dtype is used), or pass {keyword}={own!r}.")
+  if _is_torch(x):
+    import torch
+
+    return x.view(torch.uint8), own
+  import numpy as np
+
+  return x.view(np.uint8), own
+
+
+def _cache(kv_pages, kv_layout, kv_dtype):
+  """(k_or_kv, v_or_None, kv_dtype name) for the binding."""
+  k, v = _split_kv(kv_pages, kv_layout)
+  kv_dtype = _name_or_none(kv_dtype)
+  k, kv_dtype = _as_codes(k, kv_dtype, "kv_pages" if v is None else "k_pages")
+  if v is not None:
+    v, kv_dtype = _as_codes(v, kv_dtype, "v_pages")
+  return k, v, kv_dtype
+
+
 def _lse_like(q):
   """float32[q.shape[0], q.shape[1]] of q's kind."""
   shape = tuple(q.shape[:2])
@@ -80,8 +127,8 @@ def _lse_like(q):
 
 
 def _ragged(reference, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
-            sinks, return_lse, out, **options):
-  k, v = _split_kv(kv_pages, kv_layout)
+            kv_dtype, sinks, return_lse, out, **options):
+  k, v, kv_dtype = _cache(kv_pages, kv_layout, kv_dtype)
   q = _as_array(q)
   if out is None:
     out = _empty_like(q)
@@ -89,7 +136,7 @@ def _ragged(reference, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, 
   result = _rpa.ragged(
       reference, q, k, v, kv_layout, _as_array(kv_lens), _as_array(page_indices),
       _as_array(cu_q_lens), _as_array(num_seqs), out,
-      sinks=None if sinks is None else _as_array(sinks), lse=lse, **options)
+      sinks=None if sinks is None else _as_array(sinks), lse=lse, kv_dtype=kv_dtype, **options)
   return (result, lse) if return_lse else result
 
 
@@ -100,7 +147,13 @@ _KV_PAGES_DOC = """kv_pages: the paged KV cache, one of
       - separate K and V caches (vLLM, FlashInfer): a pair `(k_pages, v_pages)`
         of arrays of one shape and dtype, laid out as `kv_layout` says.
       dtype float32, bfloat16 or float16, or quantized float8_e4m3fn,
-      float8_e5m2 or int8 (then pass k_scale / v_scale)."""
+      float8_e5m2 or int8 (usually with k_scale / v_scale). NumPy (and torch
+      before 2.1) has no float8: pass the codes as uint8 with `kv_dtype`."""
+
+_KV_DTYPE_DOC = """kv_dtype: rpa's: the dtype the cache's bytes hold, "float8_e4m3fn",
+      "float8_e5m2" or "int8", for a uint8 cache of codes (rpa.quantize makes
+      them), read in place; None for the cache's own dtype (torch and
+      ml_dtypes float8 arrays are read natively)."""
 
 
 def ragged_paged_attention(
@@ -121,6 +174,7 @@ def ragged_paged_attention(
     num_queries_per_block: int | None = None,
     vmem_limit_bytes: int | None = None,
     kv_layout: str | None = None,
+    kv_dtype=None,
     sinks=None,
     return_lse: bool = False,
     num_threads: int | None = None,
@@ -156,6 +210,7 @@ def ragged_paged_attention(
     kv_layout: rpa's: for a `(k_pages, v_pages)` pair, "NHD" (the default,
       [num_pages, page_size, num_kv_heads, head_dim]) or "HND"
       ([num_pages, num_kv_heads, page_size, head_dim]).
+    {kv_dtype}
     sinks: rpa's: float32[num_q_heads] attention sinks, one raw logit per q
       head that joins each row's softmax denominator only (no value, no
       sm_scale, no soft cap), as in gpt-oss, FlashInfer and ggml; None for
@@ -179,9 +234,9 @@ def ragged_paged_attention(
       has one and a sentence on how to fix it. Nothing is written first.
   """
   return _ragged(
-      False, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, sinks,
-      return_lse, out, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
-      mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
+      False, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, kv_dtype,
+      sinks, return_lse, out, sm_scale=sm_scale, sliding_window=sliding_window,
+      soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads)
@@ -205,6 +260,7 @@ def ref_ragged_paged_attention(
     num_queries_per_block: int | None = None,
     vmem_limit_bytes: int | None = None,
     kv_layout: str | None = None,
+    kv_dtype=None,
     sinks=None,
     return_lse: bool = False,
     num_threads: int | None = None,
@@ -227,7 +283,7 @@ def ref_ragged_paged_attention(
     num_seqs: int32[1].
     sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
     num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
-    kv_layout, sinks, return_lse, num_threads, out: as for
+    kv_layout, kv_dtype, sinks, return_lse, num_threads, out: as for
     `ragged_paged_attention`.
 
   Returns:
@@ -239,20 +295,20 @@ def ref_ragged_paged_attention(
     ValueError (rpa.Error): any invalid input; nothing is written first.
   """
   return _ragged(
-      True, queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, sinks,
-      return_lse, out, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
-      mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
+      True, queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
+      kv_dtype, sinks, return_lse, out, sm_scale=sm_scale, sliding_window=sliding_window,
+      soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
       vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads)
 
 
 def _validate(dynamic, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
-              sinks, **options):
-  k, v = _split_kv(kv_pages, kv_layout)
+              kv_dtype, sinks, **options):
+  k, v, kv_dtype = _cache(kv_pages, kv_layout, kv_dtype)
   _rpa.validate(dynamic, _as_array(q), k, v, kv_layout, _as_array(kv_lens),
                 _as_array(page_indices), _as_array(cu_q_lens), _as_array(num_seqs),
-                sinks=None if sinks is None else _as_array(sinks), **options)
+                sinks=None if sinks is None else _as_array(sinks), kv_dtype=kv_dtype, **options)
 
 
 def static_validate_inputs(
@@ -273,6 +329,7 @@ def static_validate_inputs(
     num_queries_per_block: int | None = None,
     vmem_limit_bytes: int | None = None,
     kv_layout: str | None = None,
+    kv_dtype=None,
     sinks=None,
 ):
   """Checks shapes, dtypes, layouts and options, without reading the metadata.
@@ -290,7 +347,8 @@ def static_validate_inputs(
     ValueError (rpa.Error): the first failed check, with JAX's message
       (e.g. "num_kv_pages_per_block=64 must be in range (0, 32].") and a fix.
   """
-  _validate(False, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, sinks,
+  _validate(False, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
+            kv_dtype, sinks,
             sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
@@ -315,6 +373,7 @@ def dynamic_validate_inputs(
     num_queries_per_block: int | None = None,
     vmem_limit_bytes: int | None = None,
     kv_layout: str | None = None,
+    kv_dtype=None,
     sinks=None,
 ):
   """The static checks, then the metadata's values.
@@ -332,7 +391,8 @@ def dynamic_validate_inputs(
     ValueError (rpa.Error): the first failed check, e.g.
       "q_len=5 must be less or equal to kv_len=3 at sequence 2.", and a fix.
   """
-  _validate(True, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, sinks,
+  _validate(True, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
+            kv_dtype, sinks,
             sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
@@ -351,6 +411,7 @@ def paged_attention(
     pages_per_compute_block: int,
     megacore_mode: str | None = None,
     inline_seq_dim: bool = True,
+    kv_dtype=None,
     num_threads: int | None = None,
     out=None,
 ):
@@ -374,6 +435,9 @@ def paged_attention(
     megacore_mode: "kv_head", "batch" or None, validated with JAX's rules;
       no effect on CPU.
     inline_seq_dim: accepted for JAX compatibility; no effect on CPU.
+    kv_dtype: rpa's: for uint8 k_pages / v_pages of codes, the dtype they
+      hold ("float8_e4m3fn", "float8_e5m2" or "int8"); None for their own.
+      JAX's paged_attention has no scales: the codes' values are used as is.
     num_threads: rpa's: worker threads; None uses RPA_NUM_THREADS, else every
       core.
     out: rpa's: an array like q to write the result into (and return).
@@ -387,16 +451,233 @@ def paged_attention(
   q = _as_array(q)
   if out is None:
     out = _empty_like(q)
+  kv_dtype = _name_or_none(kv_dtype)
+  k_pages, kv_dtype = _as_codes(k_pages, kv_dtype, "k_pages")
+  v_pages, kv_dtype = _as_codes(v_pages, kv_dtype, "v_pages")
   return _rpa.paged(
-      q, _as_array(k_pages), _as_array(v_pages), _as_array(lengths), _as_array(page_indices),
+      q, k_pages, v_pages, _as_array(lengths), _as_array(page_indices),
       out, mask_value=mask_value, attn_logits_soft_cap=attn_logits_soft_cap,
       pages_per_compute_block=pages_per_compute_block, megacore_mode=megacore_mode,
-      inline_seq_dim=inline_seq_dim, num_threads=num_threads)
+      inline_seq_dim=inline_seq_dim, num_threads=num_threads, kv_dtype=kv_dtype)
 
 
-for _f in (ragged_paged_attention, ref_ragged_paged_attention):
-  _f.__doc__ = _f.__doc__.replace("{kv_pages}", _KV_PAGES_DOC)
+
+def ragged_paged_attention_with_kv_write(
+    q,
+    new_k,
+    new_v,
+    kv_pages,
+    kv_lens,
+    page_indices,
+    cu_q_lens,
+    num_seqs,
+    *,
+    sm_scale: float = 1.0,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    mask_value: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    num_kv_pages_per_block: int | None = None,
+    num_queries_per_block: int | None = None,
+    vmem_limit_bytes: int | None = None,
+    kv_layout: str | None = None,
+    kv_dtype=None,
+    sinks=None,
+    return_lse: bool = False,
+    num_threads: int | None = None,
+    out=None,
+):
+  """Writes the step's new keys and values into the cache, then attends.
+
+  One call for what a serving step does with `ragged_paged_attention` after
+  scattering the new tokens' K/V into their pages (vLLM's
+  `reshape_and_cache`, FlashInfer's `append_paged_kv_cache`). The new tokens
+  of sequence i are its last q_len positions: row cu_q_lens[i] + j of new_k /
+  new_v is the key / value of position p = kv_lens[i] - q_len + j, stored in
+  page page_indices[i, p // page_size], slot p % page_size, as x / k_scale
+  (x / v_scale) rounded and saturated to the cache's dtype (rpa.quantize's
+  conversion). Every other slot of the cache is left bit-identical.
+
+  `kv_pages` is written in place: NumPy arrays and torch tensors (a layout
+  rpa cannot write through strides is computed in a copy and copied back).
+  Everything is validated before the first write: on error the cache and
+  `out` are untouched.
+
+  Args:
+    q: [max_num_batched_tokens, num_q_heads, head_dim]; as for
+      `ragged_paged_attention`.
+    new_k: [max_num_batched_tokens, num_kv_heads, head_dim], the new tokens'
+      keys, row r belonging to q row r (padding rows are not written);
+      float32, bfloat16, float16, float8_e4m3fn, float8_e5m2 or int8.
+    new_v: like new_k, the new tokens' values.
+    {kv_pages}
+      Must be writable.
+    kv_lens: int32[max_num_seqs], each sequence's number of tokens in the
+      cache after this step (the new ones included).
+    page_indices: int32[max_num_seqs, pages_per_seq].
+    cu_q_lens: int32[max_num_seqs + 1].
+    num_seqs: int32[1].
+    sm_scale, sliding_window, soft_cap, mask_value, num_kv_pages_per_block,
+    num_queries_per_block, vmem_limit_bytes, kv_layout, sinks, return_lse,
+    num_threads, out: as for `ragged_paged_attention`.
+    k_scale, v_scale: the cache's scales: stored K is new_k / k_scale and is
+      read back multiplied by k_scale (likewise V).
+    {kv_dtype}
+
+  Returns:
+    The attention output over the updated cache, as `ragged_paged_attention`
+    returns it (with return_lse, a pair (output, lse)).
+
+  Raises:
+    ValueError (rpa.Error): any invalid input, e.g. a page index out of
+      range or a new_k of the wrong shape; nothing is written first.
+  """
+  k, v, kv_dtype = _cache(kv_pages, kv_layout, kv_dtype)
+  q = _as_array(q)
+  if out is None:
+    out = _empty_like(q)
+  lse = _lse_like(q) if return_lse else None
+  result = _rpa.ragged_kv_write(
+      q, _as_rows(new_k), _as_rows(new_v), k, v, kv_layout, _as_array(kv_lens),
+      _as_array(page_indices), _as_array(cu_q_lens), _as_array(num_seqs), out,
+      sinks=None if sinks is None else _as_array(sinks), lse=lse, sm_scale=sm_scale,
+      sliding_window=sliding_window, soft_cap=soft_cap, mask_value=mask_value,
+      k_scale=k_scale, v_scale=v_scale, num_kv_pages_per_block=num_kv_pages_per_block,
+      num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
+      num_threads=num_threads, kv_dtype=kv_dtype)
+  return (result, lse) if return_lse else result
+
+
+def _as_rows(x):
+  """new_k / new_v: a float8 array (torch >= 2.1, ml_dtypes) becomes float32,
+  which holds every float8 value exactly."""
+  x = _as_array(x)
+  if _is_array(x) and _dtype_name(x.dtype) in _FP8:
+    return x.float() if _is_torch(x) else x.astype("float32")
+  return x
+
+
+for _f in (ragged_paged_attention, ref_ragged_paged_attention,
+           ragged_paged_attention_with_kv_write):
+  _f.__doc__ = _f.__doc__.replace("{kv_pages}", _KV_PAGES_DOC).replace(
+      "{kv_dtype}", _KV_DTYPE_DOC)
 del _f
+
+
+def merge_states(out_a, lse_a, out_b, lse_b):
+  """Merges two partial attentions over disjoint key sets into one.
+
+  With `return_lse=True`, attention over keys A and attention over keys B
+  (A and B disjoint) combine exactly into attention over A and B:
+
+    lse = log(exp(lse_a) + exp(lse_b))
+    out = (exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b)
+
+  computed stably in float32. This is how cascade (shared-prefix) attention
+  combines a shared prefix with each sequence's own suffix, and how context
+  parallelism combines the shards of a long sequence's keys. A row whose LSEs
+  are both -inf (no key on either side) gets output 0 and LSE -inf. Merging
+  is associative, so more than two parts merge pairwise. FlashInfer's
+  `merge_state` is the same operation.
+
+  Args:
+    out_a: [num_tokens, num_heads, head_dim], float32, bfloat16 (torch) or
+      float16: attention over the first key set.
+    lse_a: float32[num_tokens, num_heads], its log-sum-exp.
+    out_b: like out_a, attention over the second key set.
+    lse_b: like lse_a.
+
+  Returns:
+    (out, lse): out like out_a (shape, dtype, kind), lse float32
+    [num_tokens, num_heads] of out_a's kind.
+
+  Raises:
+    ValueError (rpa.Error): shapes or dtypes that do not match, e.g.
+      "lse_b.shape=(3, 4) must be the same as lse_a.shape=(5, 4)."
+  """
+  out_a, lse_a, out_b, lse_b = (_as_array(x) for x in (out_a, lse_a, out_b, lse_b))
+  out = _empty_like(out_a)
+  lse = _lse_like(out_a)
+  _rpa.merge_states(out_a, lse_a, out_b, lse_b, out, lse)
+  return out, lse
+
+
+def _flat(x):
+  """A 1-D view (or, where the layout needs it, a copy) of x's elements."""
+  return x.reshape(-1)
+
+
+def quantize(x, dtype, scale: float | None = None):
+  """Quantizes x into a cache's codes: x / scale as float8 or int8.
+
+  The codes are exactly the bytes the fused KV write
+  (`ragged_paged_attention_with_kv_write`) stores for x with k_scale /
+  v_scale = scale: x is converted to float32, divided by scale in float32,
+  then rounded to nearest (ties to even) and saturated to the format, by the
+  library's own conversion: float8_e4m3fn saturates to +-448 (it has no
+  infinity; NaN stays NaN), float8_e5m2 to +-57344 (infinities stay
+  infinite), int8 rounds and clamps to [-128, 127] (NaN becomes 0).
+
+  Args:
+    x: an array (NumPy or torch) of float32, bfloat16, float16 or float64.
+    dtype: "float8_e4m3fn", "float8_e5m2" or "int8" (or torch's dtype of
+      that name).
+    scale: the per-tensor scale; None for 1.
+
+  Returns:
+    The codes, of x's shape and kind: uint8 for the float8 formats (NumPy
+    and older torch have no float8 dtype: pass them with `kv_dtype`), int8
+    for int8.
+
+  Raises:
+    ValueError (rpa.Error): an unknown dtype name, a non-finite scale, an
+      unsupported x dtype.
+  """
+  x = _as_array(x)
+  name = _dtype_name(dtype)
+  code_dtype = "int8" if name in ("int8", "i8") else "uint8"
+  if _is_torch(x):
+    import torch
+
+    codes = x.new_empty(tuple(x.shape), dtype=getattr(torch, code_dtype))
+  else:
+    import numpy as np
+
+    codes = np.empty(tuple(np.shape(x)), code_dtype)
+  _rpa.quantize(_flat(x), name, scale, _flat(codes))
+  return codes
+
+
+def dequantize(codes, dtype, scale: float | None = None):
+  """The values of a cache's codes: f32(codes) * scale, as rpa reads K/V.
+
+  Args:
+    codes: uint8 codes of `dtype` (rpa.quantize's result), an int8 array for
+      "int8", or a torch / ml_dtypes float8 array of that dtype.
+    dtype: "float8_e4m3fn", "float8_e5m2" or "int8".
+    scale: the per-tensor scale; None for 1.
+
+  Returns:
+    float32 values of codes' shape and kind.
+
+  Raises:
+    ValueError (rpa.Error): an unknown dtype name, a non-finite scale, codes
+      that are not uint8 (or int8 for "int8").
+  """
+  name = _dtype_name(dtype)
+  codes, name = _as_codes(codes, name, "codes", keyword="dtype")
+  if _is_torch(codes):
+    import torch
+
+    values = codes.new_empty(tuple(codes.shape), dtype=torch.float32)
+  else:
+    import numpy as np
+
+    values = np.empty(tuple(np.shape(codes)), np.float32)
+  _rpa.dequantize(_flat(codes), name, scale, _flat(values))
+  return values
+
 
 # Block sizes (SPEC §4): the chooser behind num_kv_pages_per_block=None /
 # num_queries_per_block=None.
@@ -448,6 +729,12 @@ def explain_block_sizes(q_dtype, kv_dtype, num_q_heads: int, num_kv_heads: int, 
                         vmem_limit_bytes: int | None = None) -> dict:
   """The block sizes the library would choose and why (as `rpa explain` prints).
 
+  Args:
+    q_dtype, kv_dtype, num_q_heads, num_kv_heads, head_dim, page_size,
+    max_num_batched_tokens, pages_per_seq: as for `get_tuned_block_sizes`.
+    vmem_limit_bytes: the per-worker scratch budget a call would pass; None
+      for no limit.
+
   Returns:
     {"num_kv_pages_per_block", "num_queries_per_block", "source" ("table",
     "nearest" or "heuristic"), "explanation"}.
@@ -461,6 +748,13 @@ def explain_block_sizes(q_dtype, kv_dtype, num_q_heads: int, num_kv_heads: int, 
 
 def load_tuned_block_sizes(path: str) -> bool:
   """Loads a tuned table written by `rpa tune`; it then takes precedence over
-  the shipped one. A file that cannot be parsed is ignored with a warning
-  naming it (returns False). An empty path unloads it."""
+  the shipped one.
+
+  Args:
+    path: the JSON file `rpa tune` wrote; an empty path unloads the table.
+
+  Returns:
+    True when the table was loaded; False when the file could not be parsed
+    (it is then ignored, with a warning naming it).
+  """
   return _rpa.load_tuned_block_sizes(path)

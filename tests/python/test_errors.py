@@ -230,12 +230,21 @@ def _raises(fn, message, *args, **kwargs):
 
 
 def _calls_untouched(args, options, message):
-  """Both calls raise `message`, leaving out (and every input) untouched."""
+  """The calls (fast, reference, fused KV write) raise `message`, leaving out
+  and every input (the cache included) untouched."""
   def snapshot():
     return [[np.array(x, copy=True) for x in a] if isinstance(a, tuple) else
             [np.array(a, copy=True)] for a in args]
   inputs = snapshot()
-  for fn in (rpa.ragged_paged_attention, rpa.ref_ragged_paged_attention):
+  # The fused KV write validates the same inputs first, before its new rows
+  # (any plausible new_k / new_v: the ragged checks fail before theirs).
+  shape = np.shape(args[0])
+  new = np.ones((shape[0] if shape else 1, 1, shape[-1] if shape else 1), np.float32)
+
+  def fused(q, *rest, **kw):
+    return rpa.ragged_paged_attention_with_kv_write(q, new, new, *rest, **kw)
+
+  for fn in (rpa.ragged_paged_attention, rpa.ref_ragged_paged_attention, fused):
     out = np.full(np.shape(args[0]), 7.0, args[0].dtype if args[0].dtype != object else
                   np.float32)
     before = out.copy()
