@@ -24,8 +24,9 @@ struct MachineLimits {
   double seconds = 0;                  // How long the measurement took.
 
   // Peak GFLOP/s of the fastest arithmetic this CPU offers for attention on
-  // K/V of `kv_dtype` (the bf16 dot peak for bf16 and 8-bit float K/V where
-  // the CPU has it, else the f32 FMA peak). all_threads picks index 1.
+  // K/V of `kv_dtype`: the f32 FMA peak, or the bf16 dot peak for bf16 and
+  // 8-bit float K/V where the CPU has it and it is higher. all_threads picks
+  // index 1.
   double PeakGflops(DType kv_dtype, bool all_threads) const;
   // The roofline time in seconds of `flops` FLOPs reading `bytes` bytes.
   double RooflineSeconds(double flops, double bytes, DType kv_dtype, bool all_threads) const;

@@ -397,10 +397,12 @@ inline void TileRowPointers(const AttentionProblem& pr, const PagesView& pages, 
   }
 }
 
-// Keys per tile when a task spans several kv heads: the tile of all its
-// heads (64 tokens x 4 KiB for 8 kv heads x 128 bf16 x K,V = 256 KiB) and the
-// next one, prefetched meanwhile, fit in L2 together.
-inline constexpr int64_t kMultiHeadTile = 64;
+// Keys per tile when a task spans several kv heads (32 tokens x 4 KiB for 8
+// kv heads x 128 bf16 x K,V = 128 KiB per tile). Measured on the decode
+// shape (docs/kernel.md): 24-32 keys 9.4 ms, 48 9.7, 64 13.6, 128 22 (no
+// prefetch): the next tile, prefetched meanwhile, and the current one stay
+// in L2 and the misses in flight stay few enough not to stall the products.
+inline constexpr int64_t kMultiHeadTile = 32;
 
 HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, int64_t kv_block,
                           KernelPath path, const WorkerScratch& ws, float* partials) {

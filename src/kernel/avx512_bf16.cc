@@ -95,8 +95,10 @@ RPA_BF16_TARGET void LogitsBlock(const uint16_t* q_hi, const uint16_t* q_lo, int
                                  int64_t head_dim, float* s, int64_t s_stride) {
   static_assert(kRows * kTokens == 16);
   __m512 acc[16];
+  #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   const uint16_t* k[kTokens];
+  #pragma GCC unroll 16
   for (int t = 0; t < kTokens; ++t) {
     k[t] = static_cast<const uint16_t*>(k_rows[t < tokens ? t : 0]);
   }
@@ -104,22 +106,31 @@ RPA_BF16_TARGET void LogitsBlock(const uint16_t* q_hi, const uint16_t* q_lo, int
     const int64_t left = head_dim - d;
     const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
     __m512i kv[kTokens];
+    #pragma GCC unroll 16
     for (int t = 0; t < kTokens; ++t) kv[t] = _mm512_maskz_loadu_epi16(mask, k[t] + d);
+    #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
       const __m512i qh = _mm512_loadu_si512(q_hi + r * q_stride + d);
+      #pragma GCC unroll 16
       for (int t = 0; t < kTokens; ++t) {
         acc[r * kTokens + t] = _mm512_dpbf16_ps(acc[r * kTokens + t], AsBh(qh), AsBh(kv[t]));
       }
       if constexpr (kLo) {
         const __m512i ql = _mm512_loadu_si512(q_lo + r * q_stride + d);
+        #pragma GCC unroll 16
         for (int t = 0; t < kTokens; ++t) {
           acc[r * kTokens + t] = _mm512_dpbf16_ps(acc[r * kTokens + t], AsBh(ql), AsBh(kv[t]));
         }
       }
     }
   }
+  // A copy for the reduction: acc's own address never escapes, so GCC keeps
+  // it in registers instead of storing all 16 to the stack every step.
+  __m512 fin[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) fin[i] = acc[i];
   alignas(64) float sums[16];
-  _mm512_store_ps(sums, SumEach16(acc));
+  _mm512_store_ps(sums, SumEach16(fin));
   const int64_t valid_rows = rows < kRows ? rows : kRows;
   const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
   for (int64_t r = 0; r < valid_rows; ++r) {
