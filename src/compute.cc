@@ -75,6 +75,9 @@ size_t LayoutScratch(const Plan& plan, const AttentionProblem& problem, float* b
   s.l = take(rows);
   s.k_rows = reinterpret_cast<const void**>(take(token_pad * 2));
   s.v_rows = reinterpret_cast<const void**>(take(token_pad * 2));
+  s.kv_bf16 = SizeOf(problem.kv_dtype) == 1
+                  ? reinterpret_cast<uint16_t*>(take(token_pad * dim_pad / 2))
+                  : nullptr;
   s.k_next = reinterpret_cast<const void**>(take(token_pad * 2));
   s.v_next = reinterpret_cast<const void**>(take(token_pad * 2));
   s.k_base = reinterpret_cast<const uint8_t**>(take(token_pad * 4));
@@ -161,7 +164,10 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
 void AllowBf16DotPath(bool allow) { g_allow_bf16_dot.store(allow); }
 
 KernelPath ChooseKernelPath(const AttentionProblem& problem) {
-  return problem.kv_dtype == DType::kBF16 && g_allow_bf16_dot.load() && CpuHasAvx512Bf16()
+  const bool bf16_exact = problem.kv_dtype == DType::kBF16 ||
+                          problem.kv_dtype == DType::kF8E4M3FN ||
+                          problem.kv_dtype == DType::kF8E5M2;
+  return bf16_exact && g_allow_bf16_dot.load() && CpuHasAvx512Bf16()
              ? KernelPath::kAvx512Bf16
              : KernelPath::kHighway;
 }

@@ -262,11 +262,37 @@ INSTANTIATE_TEST_SUITE_P(Targets, KernelTargetTest,
                            return std::string(hwy::TargetName(param.param));
                          });
 
-// ---- The AVX-512 BF16 path for bf16 K/V (skipped where the CPU lacks it).
+// ---- The AVX-512 BF16 path for bf16 and 8-bit float K/V (skipped where
+// the CPU lacks it).
 TEST(KernelBf16DotTest, RandomGridMatchesReference) {
   if (!CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
   AllowBf16DotPath(true);
   CheckGrid(77, 12 * kGridScale, {DType::kBF16});
+  CheckGrid(78, 6 * kGridScale, {DType::kF8E4M3FN, DType::kF8E5M2});
+}
+
+// Every 8-bit float code through the bf16 path's table conversion.
+TEST(KernelBf16DotTest, Fp8RowsToBf16IsExact) {
+  if (!CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  for (DType dtype : {DType::kF8E4M3FN, DType::kF8E5M2}) {
+    std::vector<uint8_t> codes(256 + 7);  // head_dim 263: a masked tail.
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i);
+    std::vector<uint16_t> out(288, 0xFFFF);
+    const void* rows[1] = {codes.data()};
+    Fp8RowsToBf16(dtype, rows, 1, static_cast<int64_t>(codes.size()), out.data(), 288);
+    EXPECT_EQ(rows[0], out.data());
+    const float scale = dtype == DType::kF8E4M3FN ? 1.0f / 256.0f : 1.0f;
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const float want = LoadAsF32(dtype, codes.data(), static_cast<int64_t>(i)) * scale;
+      const float got = F32FromBF16(BF16{out[i]});
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << ToString(dtype) << " code " << i;
+      } else {
+        EXPECT_EQ(got, want) << ToString(dtype) << " code " << i;
+      }
+    }
+    for (size_t i = codes.size(); i < out.size(); ++i) EXPECT_EQ(out[i], 0) << i;
+  }
 }
 
 TEST(KernelBf16DotTest, PathChoice) {
@@ -281,6 +307,11 @@ TEST(KernelBf16DotTest, PathChoice) {
   AllowBf16DotPath(true);
   p.kv_dtype = DType::kF32;
   EXPECT_EQ(ChooseKernelPath(p), KernelPath::kHighway);
+  p.kv_dtype = DType::kI8;
+  EXPECT_EQ(ChooseKernelPath(p), KernelPath::kHighway);
+  p.kv_dtype = DType::kF8E4M3FN;
+  EXPECT_EQ(ChooseKernelPath(p),
+            CpuHasAvx512Bf16() ? KernelPath::kAvx512Bf16 : KernelPath::kHighway);
 }
 
 TEST(KernelBf16DotTest, AccIndexIsAPermutation) {

@@ -415,7 +415,9 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   const int64_t q_start = pr.cu_q_lens[task.seq];
   const int64_t q_len = pr.cu_q_lens[task.seq + 1] - q_start;
   const int64_t kv_len = pr.kv_lens[task.seq];
-  const bool bf16_path = path == KernelPath::kAvx512Bf16 && pr.kv_dtype == DType::kBF16;
+  const bool fp8 = pr.kv_dtype == DType::kF8E4M3FN || pr.kv_dtype == DType::kF8E5M2;
+  const bool bf16_path =
+      path == KernelPath::kAvx512Bf16 && (pr.kv_dtype == DType::kBF16 || fp8);
   // e4m3fn converts to value * 2^-8 (LoadF32): undone in the scales.
   const float e4m3 = pr.kv_dtype == DType::kF8E4M3FN ? kE4M3Rescale : 1.0f;
   // Row r's token and q head (see KernelTask).
@@ -506,6 +508,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       float* s_h = ws.s + r0 * s_stride;
       float* acc_h = ws.acc + r0 * dim_pad;
       if (bf16_path) {
+        if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
         Bf16Logits(ws.q_hi + r0 * dim_pad, q_lo != nullptr ? q_lo + r0 * dim_pad : nullptr,
                    dim_pad, rows_per_head, ws.k_rows, n, D, s_h, s_stride, ws.k_next, n_next);
         // hi + lo: an infinite K element makes 0 * inf = NaN in the lo term
@@ -526,6 +529,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
                    ws.acc + r * dim_pad, dim_pad);
       }
       if (bf16_path) {
+        if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
         Bf16AccumulatePV(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad,
                          ws.v_next, n_next);
       } else {

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "kernel/kernel.h"
+#include "rpa/dtype.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 // GCC 12's _mm512_undefined_* are written `__m512 __Y = __Y;`, which
@@ -228,7 +229,59 @@ RPA_BF16_TARGET void PvBlock(const uint32_t* p2, int64_t p_stride, int64_t valid
   }
 }
 
+// Bits of the bf16 value of each 8-bit float magnitude (code & 0x7F);
+// e4m3fn scaled by 2^-8 (kernel.h).
+struct Fp8Table {
+  alignas(64) uint16_t bits[128];
+};
+
+Fp8Table MakeFp8Table(DType dtype) {
+  Fp8Table t;
+  for (int code = 0; code < 128; ++code) {
+    const uint8_t byte = static_cast<uint8_t>(code);
+    float f = LoadAsF32(dtype, &byte, 0);
+    if (dtype == DType::kF8E4M3FN) f *= 1.0f / 256.0f;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    // Exact in bf16 (low half zero); NaN stays a quiet NaN.
+    t.bits[code] = f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(u >> 16);
+  }
+  return t;
+}
+
+RPA_BF16_TARGET void Fp8RowsToBf16Impl(const Fp8Table& table, const void** rows, int64_t tokens,
+                                       int64_t head_dim, uint16_t* dst, int64_t dst_stride) {
+  const __m512i t0 = _mm512_load_si512(table.bits), t1 = _mm512_load_si512(table.bits + 32);
+  const __m512i t2 = _mm512_load_si512(table.bits + 64), t3 = _mm512_load_si512(table.bits + 96);
+  const __m512i sign_bit = _mm512_set1_epi16(0x80), bit6 = _mm512_set1_epi16(0x40);
+  for (int64_t i = 0; i < tokens; ++i) {
+    const uint8_t* src = static_cast<const uint8_t*>(rows[i]);
+    uint16_t* out = dst + i * dst_stride;
+    for (int64_t d = 0; d < head_dim; d += 32) {
+      const int64_t left = head_dim - d;
+      const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+      const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src + d));
+      // permutex2var reads index bits [5:0]: entries 0-63 from (t0, t1),
+      // 64-127 from (t2, t3); bit 6 picks between them.
+      const __m512i lo = _mm512_permutex2var_epi16(t0, x, t1);
+      const __m512i hi = _mm512_permutex2var_epi16(t2, x, t3);
+      const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, bit6), lo, hi);
+      const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, sign_bit), 8);
+      _mm512_storeu_si512(out + d, _mm512_or_si512(mag, sign));
+    }
+    rows[i] = out;
+  }
+}
+
 }  // namespace
+
+void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
+                   uint16_t* dst, int64_t dst_stride) {
+  static const Fp8Table e4m3 = MakeFp8Table(DType::kF8E4M3FN);
+  static const Fp8Table e5m2 = MakeFp8Table(DType::kF8E5M2);
+  Fp8RowsToBf16Impl(dtype == DType::kF8E4M3FN ? e4m3 : e5m2, rows, tokens, head_dim, dst,
+                    dst_stride);
+}
 
 void Bf16Logits(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride, int64_t rows,
                 const void* const* k_rows, int64_t tokens, int64_t head_dim, float* s,
@@ -284,6 +337,7 @@ void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* cons
 #else  // !RPA_HAVE_X86
 
 bool CpuHasAvx512Bf16() { return false; }
+void Fp8RowsToBf16(DType, const void**, int64_t, int64_t, uint16_t*, int64_t) {}
 void Bf16Logits(const uint16_t*, const uint16_t*, int64_t, int64_t, const void* const*, int64_t,
                 int64_t, float*, int64_t, const void* const*, int64_t) {}
 void Bf16AccumulatePV(float*, int64_t, int64_t, const void* const*, int64_t, int64_t,

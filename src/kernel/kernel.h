@@ -17,7 +17,7 @@ namespace rpa::internal {
 // How QK^T and PV are multiplied.
 enum class KernelPath : uint8_t {
   kHighway,     // f32 FMA on the dispatched Highway target; every dtype.
-  kAvx512Bf16,  // vdpbf16ps for bf16 K/V; needs CpuHasAvx512Bf16().
+  kAvx512Bf16,  // vdpbf16ps for bf16 and 8-bit float K/V; needs CpuHasAvx512Bf16().
 };
 
 // Rows of a KV tile padded to this many tokens, head_dim to kDimAlign: the
@@ -59,6 +59,7 @@ struct WorkerScratch {
   float* l = nullptr;      // [max_rows] running sum.
   const void** k_rows = nullptr;  // [token_pad] K row of each tile key.
   const void** v_rows = nullptr;  // [token_pad] V row of each tile key.
+  uint16_t* kv_bf16 = nullptr;    // [token_pad, dim_pad] 8-bit float K or V as bf16.
   const void** k_next = nullptr;  // [token_pad] K rows of the next tile (prefetch).
   const void** v_next = nullptr;  // [token_pad] V rows of the next tile.
   // [2][token_pad] each: kv head task.kv_head's K / V row of each key of the
@@ -75,8 +76,8 @@ inline int64_t PartialFloats(int64_t rows, int64_t dim_pad) { return rows * (2 +
 void RunKernelTask(const AttentionProblem& problem, const KernelTask& task, int64_t kv_block,
                    KernelPath path, const WorkerScratch& scratch, float* partials);
 
-// The path ComputeAttention takes: the bf16 dot path for bf16 K/V when the
-// CPU has it and it is allowed, else Highway.
+// The path ComputeAttention takes: the bf16 dot path for bf16, fp8 e4m3fn
+// and fp8 e5m2 K/V when the CPU has it and it is allowed, else Highway.
 KernelPath ChooseKernelPath(const AttentionProblem& problem);
 // Test and benchmark hook (process-wide): false keeps bf16 K/V on the
 // Highway path, so both paths can be checked on one machine.
@@ -107,6 +108,15 @@ void Bf16Logits(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride, in
 void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
                       int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
                       const void* const* prefetch_rows = nullptr, int64_t prefetch_count = 0);
+
+// 8-bit float K/V on the bf16 path: every e4m3fn value times 2^-8 (the
+// Highway path's kE4M3Rescale, undone in the scales) and every e5m2 value is
+// a normal bf16 number, so a tile's rows convert exactly, in registers (two
+// vpermi2w look 32 magnitudes up in a 128-entry table, the sign is or-ed
+// back), into bf16 rows at dst (dst_stride elements apart, zero padded to a
+// multiple of 32); rows[i] is repointed there.
+void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
+                   uint16_t* dst, int64_t dst_stride);
 
 // Prefetches the `bytes` bytes at p into L2.
 inline void PrefetchRow(const void* p, int64_t bytes) {
