@@ -78,19 +78,6 @@ std::vector<Workload> Workloads() {
   };
 }
 
-// FLOPs over visible (causal) keys and unique K/V bytes of a batch.
-void CountWork(const BatchSpec& spec, double* flops, double* kv_bytes) {
-  *flops = 0;
-  *kv_bytes = 0;
-  for (const SequenceShape& s : spec.sequences) {
-    double keys = 0;  // Sum over query rows of visible keys.
-    for (int32_t j = 0; j < s.q_len; ++j) keys += s.kv_len - s.q_len + j + 1;
-    *flops += keys * spec.num_q_heads * 4.0 * spec.head_dim;
-    *kv_bytes += static_cast<double>(s.kv_len) * spec.num_kv_heads * 2 * spec.head_dim *
-                 static_cast<double>(SizeOf(spec.kv_dtype));
-  }
-}
-
 // The simplest correct alternative: per sequence, gather K and V into dense
 // f32 arrays, then for each query row and head an unfused loop: all logits,
 // softmax, weighted sum. Single-threaded, no tiling, no SIMD by hand. Only
@@ -193,8 +180,9 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
   Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +
            ": building the batch");
   const SyntheticBatch batch = MakeSyntheticBatch(spec);
-  double flops = 0, kv_bytes = 0;
-  CountWork(spec, &flops, &kv_bytes);
+  const WorkCount work = CountWork(spec);
+  const double flops = work.flops;
+  const double kv_bytes = work.kv_bytes;
 
   // Enough copies of the cache that the working set is twice the LLC.
   const size_t cache_bytes = batch.kv_pages.size();

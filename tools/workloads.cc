@@ -24,4 +24,16 @@ std::vector<SequenceShape> MixedSequences() {
           {251, 1107}, {1, 322},  {64, 181}, {1, 1229}};
 }
 
+WorkCount CountWork(const BatchSpec& spec) {
+  WorkCount work;
+  for (const SequenceShape& s : spec.sequences) {
+    double keys = 0;  // Sum over query rows of visible keys.
+    for (int32_t j = 0; j < s.q_len; ++j) keys += s.kv_len - s.q_len + j + 1;
+    work.flops += keys * static_cast<double>(spec.num_q_heads) * 4.0 * static_cast<double>(spec.head_dim);
+    work.kv_bytes += static_cast<double>(s.kv_len) * static_cast<double>(spec.num_kv_heads) * 2.0 *
+                     static_cast<double>(spec.head_dim) * static_cast<double>(SizeOf(spec.kv_dtype));
+  }
+  return work;
+}
+
 }  // namespace rpa::tools

@@ -29,6 +29,14 @@ std::vector<SequenceShape> DecodeLongSequences();
 std::vector<SequenceShape> PrefillSequences(int32_t prefill_len);
 std::vector<SequenceShape> MixedSequences();
 
+// The work of a batch: FLOPs of q.k and p.v over the visible (causal) keys,
+// 4 * head_dim per (query row, key, q head), and its unique K/V bytes.
+struct WorkCount {
+  double flops = 0;
+  double kv_bytes = 0;
+};
+WorkCount CountWork(const BatchSpec& spec);
+
 }  // namespace rpa::tools
 
 #endif  // RPA_TOOLS_WORKLOADS_H_
