@@ -21,6 +21,7 @@ namespace rpa::internal {
 namespace {
 
 std::atomic<bool> g_allow_bf16_dot{true};
+std::atomic<bool> g_prefer_bf16_dot{false};
 
 constexpr size_t kAlign = 64;  // A cache line: workers never share one.
 
@@ -69,6 +70,7 @@ size_t LayoutScratch(const Plan& plan, const AttentionProblem& problem, float* b
   s.q = take(rows * dim_pad);
   s.q_hi = reinterpret_cast<uint16_t*>(take(rows * dim_pad / 2 + 1));
   s.q_lo = reinterpret_cast<uint16_t*>(take(rows * dim_pad / 2 + 1));
+  s.q_eo = take(rows * dim_pad);
   s.s = take(rows * token_pad);
   s.acc = take(rows * dim_pad);
   s.m = take(rows);
@@ -162,14 +164,17 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
 }  // namespace
 
 void AllowBf16DotPath(bool allow) { g_allow_bf16_dot.store(allow); }
+void PreferBf16Dot(bool prefer) { g_prefer_bf16_dot.store(prefer); }
 
 KernelPath ChooseKernelPath(const AttentionProblem& problem) {
   const bool bf16_exact = problem.kv_dtype == DType::kBF16 ||
                           problem.kv_dtype == DType::kF8E4M3FN ||
                           problem.kv_dtype == DType::kF8E5M2;
-  return bf16_exact && g_allow_bf16_dot.load() && CpuHasAvx512Bf16()
-             ? KernelPath::kAvx512Bf16
-             : KernelPath::kHighway;
+  if (!bf16_exact || !g_allow_bf16_dot.load()) return KernelPath::kHighway;
+  if (CpuHasAvx512Bf16() && (g_prefer_bf16_dot.load() || !CpuHasAvx512Bw())) {
+    return KernelPath::kAvx512Bf16;
+  }
+  return CpuHasAvx512Bw() ? KernelPath::kAvx512Wide : KernelPath::kHighway;
 }
 
 void ComputeAttention(const AttentionProblem& problem) {

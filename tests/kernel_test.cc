@@ -267,13 +267,30 @@ INSTANTIATE_TEST_SUITE_P(Targets, KernelTargetTest,
 TEST(KernelBf16DotTest, RandomGridMatchesReference) {
   if (!CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
   AllowBf16DotPath(true);
+  PreferBf16Dot(true);
   CheckGrid(77, 12 * kGridScale, {DType::kBF16});
   CheckGrid(78, 6 * kGridScale, {DType::kF8E4M3FN, DType::kF8E5M2});
+  PreferBf16Dot(false);
 }
 
-// Every 8-bit float code through the bf16 path's table conversion.
+// ---- The AVX-512 widening path (bf16 -> f32 in registers, FMA) for bf16
+// and 8-bit float K/V (skipped where the CPU lacks AVX-512 BW).
+TEST(KernelWideTest, RandomGridMatchesReference) {
+  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  AllowBf16DotPath(true);
+  CheckGrid(79, 12 * kGridScale, {DType::kBF16});
+  CheckGrid(80, 6 * kGridScale, {DType::kF8E4M3FN, DType::kF8E5M2});
+}
+
+TEST(KernelWideTest, QIndexIsAPermutation) {
+  std::vector<int> seen(64, 0);
+  for (int64_t d = 0; d < 64; ++d) ++seen[WideQIndex(d)];
+  for (int count : seen) EXPECT_EQ(count, 1);
+}
+
+// Every 8-bit float code through the AVX-512 paths' table conversion.
 TEST(KernelBf16DotTest, Fp8RowsToBf16IsExact) {
-  if (!CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   for (DType dtype : {DType::kF8E4M3FN, DType::kF8E5M2}) {
     std::vector<uint8_t> codes(256 + 7);  // head_dim 263: a masked tail.
     for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i);
@@ -299,9 +316,16 @@ TEST(KernelBf16DotTest, PathChoice) {
   Case c;
   AttentionProblem p;
   p.kv_dtype = DType::kBF16;
+  // The widening path where AVX-512 BW is there, else the dot path, else
+  // Highway; PreferBf16Dot puts the dot path first.
+  const KernelPath best = CpuHasAvx512Bw()     ? KernelPath::kAvx512Wide
+                          : CpuHasAvx512Bf16() ? KernelPath::kAvx512Bf16
+                                               : KernelPath::kHighway;
   AllowBf16DotPath(true);
-  EXPECT_EQ(ChooseKernelPath(p),
-            CpuHasAvx512Bf16() ? KernelPath::kAvx512Bf16 : KernelPath::kHighway);
+  EXPECT_EQ(ChooseKernelPath(p), best);
+  PreferBf16Dot(true);
+  EXPECT_EQ(ChooseKernelPath(p), CpuHasAvx512Bf16() ? KernelPath::kAvx512Bf16 : best);
+  PreferBf16Dot(false);
   AllowBf16DotPath(false);
   EXPECT_EQ(ChooseKernelPath(p), KernelPath::kHighway);
   AllowBf16DotPath(true);
@@ -310,8 +334,7 @@ TEST(KernelBf16DotTest, PathChoice) {
   p.kv_dtype = DType::kI8;
   EXPECT_EQ(ChooseKernelPath(p), KernelPath::kHighway);
   p.kv_dtype = DType::kF8E4M3FN;
-  EXPECT_EQ(ChooseKernelPath(p),
-            CpuHasAvx512Bf16() ? KernelPath::kAvx512Bf16 : KernelPath::kHighway);
+  EXPECT_EQ(ChooseKernelPath(p), best);
 }
 
 TEST(KernelBf16DotTest, AccIndexIsAPermutation) {

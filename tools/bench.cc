@@ -244,8 +244,14 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
     r.roofline_ms = limits.RooflineSeconds(flops, kv_bytes, spec.kv_dtype, all) * 1e3;
     r.bound = memory_s * 1e3 >= r.roofline_ms ? "memory" : "compute";
     r.frac = r.roofline_ms / r.ms;
-    r.path = internal::CpuHasAvx512Bf16() && spec.kv_dtype == DType::kBF16 ? "avx512_bf16"
-                                                                            : "highway";
+    {
+      internal::AttentionProblem problem;
+      problem.kv_dtype = spec.kv_dtype;
+      const internal::KernelPath path = internal::ChooseKernelPath(problem);
+      r.path = path == internal::KernelPath::kAvx512Wide   ? "avx512_wide"
+               : path == internal::KernelPath::kAvx512Bf16 ? "avx512_bf16"
+                                                           : "highway";
+    }
     results.push_back(r);
   }
   Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +

@@ -416,8 +416,9 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   const int64_t q_len = pr.cu_q_lens[task.seq + 1] - q_start;
   const int64_t kv_len = pr.kv_lens[task.seq];
   const bool fp8 = pr.kv_dtype == DType::kF8E4M3FN || pr.kv_dtype == DType::kF8E5M2;
-  const bool bf16_path =
-      path == KernelPath::kAvx512Bf16 && (pr.kv_dtype == DType::kBF16 || fp8);
+  const bool bf16_kv = pr.kv_dtype == DType::kBF16 || fp8;
+  const bool bf16_path = path == KernelPath::kAvx512Bf16 && bf16_kv;
+  const bool wide_path = path == KernelPath::kAvx512Wide && bf16_kv;
   // e4m3fn converts to value * 2^-8 (LoadF32): undone in the scales.
   const float e4m3 = pr.kv_dtype == DType::kF8E4M3FN ? kE4M3Rescale : 1.0f;
   // Row r's token and q head (see KernelTask).
@@ -437,6 +438,10 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
         ws.q_lo[r * dim_pad + d] =
             std::isfinite(q[d]) ? BF16FromF32(q[d] - F32FromBF16(hi)).bits : uint16_t{0};
       }
+    }
+    if (wide_path) {
+      float* q_eo = ws.q_eo + r * dim_pad;
+      for (int64_t d = 0; d < dim_pad; ++d) q_eo[WideQIndex(d)] = q[d];
     }
     ws.m[r] = -std::numeric_limits<float>::infinity();
     ws.l[r] = 0.0f;
@@ -507,7 +512,11 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       const int64_t r0 = h * rows_per_head;
       float* s_h = ws.s + r0 * s_stride;
       float* acc_h = ws.acc + r0 * dim_pad;
-      if (bf16_path) {
+      if (wide_path) {
+        if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
+        WideLogits(ws.q_eo + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D, s_h,
+                   s_stride, ws.k_next, n_next);
+      } else if (bf16_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
         Bf16Logits(ws.q_hi + r0 * dim_pad, q_lo != nullptr ? q_lo + r0 * dim_pad : nullptr,
                    dim_pad, rows_per_head, ws.k_rows, n, D, s_h, s_stride, ws.k_next, n_next);
@@ -528,7 +537,11 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
         SoftmaxRow(sp, pos, t0, n, n_pad, ws.s + r * s_stride, ws.m + r, ws.l + r,
                    ws.acc + r * dim_pad, dim_pad);
       }
-      if (bf16_path) {
+      if (wide_path) {
+        if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
+        WidePv(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad, ws.v_next,
+               n_next);
+      } else if (bf16_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
         Bf16AccumulatePV(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad,
                          ws.v_next, n_next);
@@ -543,14 +556,17 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
     t1 = t2;
   }
 
-  // Back to natural dimension order (the bf16 PV path interleaves it).
-  if (bf16_path) {
+  // Back to natural dimension order (the bf16 and widening PV paths
+  // interleave it).
+  if (bf16_path || wide_path) {
     for (int64_t r = 0; r < rows; ++r) {
       float* acc = ws.acc + r * dim_pad;
       for (int64_t c = 0; c < dim_pad; c += 32) {
         float chunk[32];
         std::memcpy(chunk, acc + c, sizeof(chunk));
-        for (int64_t i = 0; i < 32; ++i) acc[c + i] = chunk[Bf16AccIndex(i)];
+        for (int64_t i = 0; i < 32; ++i) {
+          acc[c + i] = chunk[bf16_path ? Bf16AccIndex(i) : WideQIndex(i)];
+        }
       }
     }
   }

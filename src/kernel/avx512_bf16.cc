@@ -57,6 +57,21 @@ bool CpuHasAvx512Bf16() {
   return has;
 }
 
+bool CpuHasAvx512Bw() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(1, 0, eax, ebx, ecx, edx);
+    if (!((ecx >> 27) & 1)) return false;
+    unsigned xcr0_lo = 0, xcr0_hi = 0;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & 0xE6) != 0xE6) return false;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    return ((ebx >> 16) & 1) && ((ebx >> 30) & 1) && ((ebx >> 31) & 1);  // F, BW, VL.
+  }();
+  return has;
+}
+
 #define RPA_BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
 
 namespace {
@@ -249,8 +264,10 @@ Fp8Table MakeFp8Table(DType dtype) {
   return t;
 }
 
-RPA_BF16_TARGET void Fp8RowsToBf16Impl(const Fp8Table& table, const void** rows, int64_t tokens,
-                                       int64_t head_dim, uint16_t* dst, int64_t dst_stride) {
+// Uses AVX-512 BW only: it serves the widening path too.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void Fp8RowsToBf16Impl(
+    const Fp8Table& table, const void** rows, int64_t tokens, int64_t head_dim, uint16_t* dst,
+    int64_t dst_stride) {
   const __m512i t0 = _mm512_load_si512(table.bits), t1 = _mm512_load_si512(table.bits + 32);
   const __m512i t2 = _mm512_load_si512(table.bits + 64), t3 = _mm512_load_si512(table.bits + 96);
   const __m512i sign_bit = _mm512_set1_epi16(0x80), bit6 = _mm512_set1_epi16(0x40);
@@ -273,7 +290,180 @@ RPA_BF16_TARGET void Fp8RowsToBf16Impl(const Fp8Table& table, const void** rows,
   }
 }
 
+// ---- The widening path: bf16 widened to f32 in registers, f32 FMA. A 32-bit
+// lane of 32 loaded bf16 holds elements 2i (low half) and 2i + 1 (high
+// half): a shift and a mask turn them into two f32 vectors, the even and the
+// odd elements of the chunk, with no shuffle. q rows are stored in the same
+// even/odd order (WideQIndex), so a dot product needs nothing else; PV
+// accumulates in that order and RunTask puts it back.
+#define RPA_WIDE_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+RPA_WIDE_TARGET __attribute__((always_inline)) inline void Widen(__m512i raw, __m512* even,
+                                                                 __m512* odd) {
+  *even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+  *odd = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(-65536)));
+}
+
+// Lane i of the result = sum of the lanes of a[i] (SumEach16, for the
+// widening path's target).
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 WideSumEach16(const __m512* a) {
+  __m512 b[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 x = a[2 * i], y = a[2 * i + 1];
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+  }
+  __m512 c[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+template <int kRows, int kTokens>
+RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t rows,
+                                     const void* const* k_rows, int64_t tokens,
+                                     int64_t head_dim, float* s, int64_t s_stride) {
+  static_assert(kRows * kTokens == 16);
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  const uint16_t* k[kTokens];
+#pragma GCC unroll 16
+  for (int t = 0; t < kTokens; ++t) {
+    k[t] = static_cast<const uint16_t*>(k_rows[t < tokens ? t : 0]);
+  }
+  for (int64_t d = 0; d < head_dim; d += 32) {
+    const int64_t left = head_dim - d;
+    const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    __m512 ke[kTokens], ko[kTokens];
+#pragma GCC unroll 16
+    for (int t = 0; t < kTokens; ++t) Widen(_mm512_maskz_loadu_epi16(mask, k[t] + d), &ke[t], &ko[t]);
+#pragma GCC unroll 16
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 qe = _mm512_loadu_ps(q + r * q_stride + d);
+      const __m512 qo = _mm512_loadu_ps(q + r * q_stride + d + 16);
+#pragma GCC unroll 16
+      for (int t = 0; t < kTokens; ++t) {
+        acc[r * kTokens + t] = _mm512_fmadd_ps(qe, ke[t], acc[r * kTokens + t]);
+        acc[r * kTokens + t] = _mm512_fmadd_ps(qo, ko[t], acc[r * kTokens + t]);
+      }
+    }
+  }
+  __m512 fin[16];  // acc's address never escapes (registers, not the stack).
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) fin[i] = acc[i];
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, WideSumEach16(fin));
+  const int64_t valid_rows = rows < kRows ? rows : kRows;
+  const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
+  for (int64_t r = 0; r < valid_rows; ++r) {
+    std::memcpy(s + r * s_stride, sums + r * kTokens, sizeof(float) * valid_tokens);
+  }
+}
+
+// acc rows (even/odd order) += sum_t p[r][t] * v_t for kRows rows.
+template <int kRows>
+RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid_rows,
+                                 const void* const* v_rows, int64_t tokens, int64_t head_dim,
+                                 float* acc, int64_t acc_stride, const void* const* pf,
+                                 int64_t pf_count) {
+  for (int64_t d = 0; d < head_dim; d += 32) {
+    const int64_t left = head_dim - d;
+    const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    const bool prefetch = d == 0 && pf != nullptr;
+    __m512 ae[kRows], ao[kRows];
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t rr = r < valid_rows ? r : 0;
+      ae[r] = _mm512_loadu_ps(acc + rr * acc_stride + d);
+      ao[r] = _mm512_loadu_ps(acc + rr * acc_stride + d + 16);
+    }
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (prefetch && t < pf_count) PrefetchRow(pf[t], head_dim * 2);
+      __m512 ve, vo;
+      Widen(_mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(v_rows[t]) + d), &ve,
+            &vo);
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t rr = r < valid_rows ? r : 0;
+        const __m512 w = _mm512_set1_ps(p[rr * p_stride + t]);
+        ae[r] = _mm512_fmadd_ps(w, ve, ae[r]);
+        ao[r] = _mm512_fmadd_ps(w, vo, ao[r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      if (r < valid_rows) {
+        _mm512_storeu_ps(acc + r * acc_stride + d, ae[r]);
+        _mm512_storeu_ps(acc + r * acc_stride + d + 16, ao[r]);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void WideLogits(const float* q_eo, int64_t q_stride, int64_t rows, const void* const* k_rows,
+                int64_t tokens, int64_t head_dim, float* s, int64_t s_stride,
+                const void* const* pf, int64_t pf_count) {
+  if (rows <= 0 || tokens <= 0) return;
+  const int64_t row_bytes = head_dim * 2;
+  const int64_t per = rows > 2 ? 4 : rows == 2 ? 8 : 16;
+  if (pf != nullptr && pf_count > RoundUp(tokens, per)) {
+    PrefetchRows(pf, pf_count, RoundUp(tokens, per), pf_count, row_bytes);
+  }
+  int64_t r = 0;
+  for (; r + 4 <= rows || (rows - r > 2); r += 4) {
+    for (int64_t t = 0; t < tokens; t += 4) {
+      if (r == 0 && pf != nullptr) PrefetchRows(pf, pf_count, t, 4, row_bytes);
+      WideLogitsBlock<4, 4>(q_eo + r * q_stride, q_stride, rows - r, k_rows + t, tokens - t,
+                            head_dim, s + r * s_stride + t, s_stride);
+    }
+  }
+  if (rows - r == 2) {
+    for (int64_t t = 0; t < tokens; t += 8) {
+      if (r == 0 && pf != nullptr) PrefetchRows(pf, pf_count, t, 8, row_bytes);
+      WideLogitsBlock<2, 8>(q_eo + r * q_stride, q_stride, 2, k_rows + t, tokens - t, head_dim,
+                            s + r * s_stride + t, s_stride);
+    }
+  } else if (rows - r == 1) {
+    for (int64_t t = 0; t < tokens; t += 16) {
+      if (r == 0 && pf != nullptr) PrefetchRows(pf, pf_count, t, 16, row_bytes);
+      WideLogitsBlock<1, 16>(q_eo + r * q_stride, q_stride, 1, k_rows + t, tokens - t,
+                             head_dim, s + r * s_stride + t, s_stride);
+    }
+  }
+}
+
+void WidePv(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
+            int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
+            const void* const* pf, int64_t pf_count) {
+  if (tokens <= 0) return;
+  if (pf != nullptr && pf_count > tokens) {
+    PrefetchRows(pf, pf_count, tokens, pf_count, head_dim * 2);
+  }
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    WidePvBlock<4>(p + r * p_stride, p_stride, 4, v_rows, tokens, head_dim,
+                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count);
+  }
+  if (rows - r >= 2) {
+    WidePvBlock<2>(p + r * p_stride, p_stride, 2, v_rows, tokens, head_dim,
+                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count);
+    r += 2;
+  }
+  if (rows - r == 1) {
+    WidePvBlock<1>(p + r * p_stride, p_stride, 1, v_rows, tokens, head_dim,
+                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count);
+  }
+}
 
 void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
                    uint16_t* dst, int64_t dst_stride) {
@@ -337,6 +527,11 @@ void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* cons
 #else  // !RPA_HAVE_X86
 
 bool CpuHasAvx512Bf16() { return false; }
+bool CpuHasAvx512Bw() { return false; }
+void WideLogits(const float*, int64_t, int64_t, const void* const*, int64_t, int64_t, float*,
+                int64_t, const void* const*, int64_t) {}
+void WidePv(const float*, int64_t, int64_t, const void* const*, int64_t, int64_t, float*,
+            int64_t, const void* const*, int64_t) {}
 void Fp8RowsToBf16(DType, const void**, int64_t, int64_t, uint16_t*, int64_t) {}
 void Bf16Logits(const uint16_t*, const uint16_t*, int64_t, int64_t, const void* const*, int64_t,
                 int64_t, float*, int64_t, const void* const*, int64_t) {}

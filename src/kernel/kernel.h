@@ -18,6 +18,10 @@ namespace rpa::internal {
 enum class KernelPath : uint8_t {
   kHighway,     // f32 FMA on the dispatched Highway target; every dtype.
   kAvx512Bf16,  // vdpbf16ps for bf16 and 8-bit float K/V; needs CpuHasAvx512Bf16().
+  // bf16 and 8-bit float K/V widened to f32 in registers, f32 FMA
+  // (AVX-512F/BW/VL): where vdpbf16ps issues at half the FMA rate (the
+  // machine measured in docs/kernel.md), twice its arithmetic.
+  kAvx512Wide,
 };
 
 // Rows of a KV tile padded to this many tokens, head_dim to kDimAlign: the
@@ -53,6 +57,7 @@ struct WorkerScratch {
   float* q = nullptr;      // [max_rows, dim_pad] f32, zero padded.
   uint16_t* q_hi = nullptr;  // [max_rows, dim_pad] bf16 high part of q.
   uint16_t* q_lo = nullptr;  // [max_rows, dim_pad] bf16 of q - q_hi.
+  float* q_eo = nullptr;     // [max_rows, dim_pad] q in WideQIndex order.
   float* s = nullptr;      // [max_rows, token_pad] logits, then weights.
   float* acc = nullptr;    // [max_rows, dim_pad] output accumulators.
   float* m = nullptr;      // [max_rows] running max.
@@ -82,6 +87,14 @@ KernelPath ChooseKernelPath(const AttentionProblem& problem);
 // Test and benchmark hook (process-wide): false keeps bf16 K/V on the
 // Highway path, so both paths can be checked on one machine.
 void AllowBf16DotPath(bool allow);
+
+// Test and benchmark hook (process-wide): true makes the AVX-512 BF16 dot
+// path the choice for bf16/fp8 K/V where the CPU has it, instead of the
+// widening path.
+void PreferBf16Dot(bool prefer);
+
+// Whether this CPU (and OS) run AVX-512 F, BW and VL.
+bool CpuHasAvx512Bw();
 
 // Whether this CPU (and OS) run AVX-512 BF16: avx512f/bw/vl/bf16 plus zmm
 // state enabled in XCR0.
@@ -117,6 +130,24 @@ void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* cons
 // multiple of 32); rows[i] is repointed there.
 void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
                    uint16_t* dst, int64_t dst_stride);
+
+// ---- The widening path (avx512_bf16.cc); call only if CpuHasAvx512Bw.
+// As Bf16Logits, with q rows in f32 in the order of WideQIndex (zero padded
+// to a multiple of 32) and bf16 K rows.
+void WideLogits(const float* q_eo, int64_t q_stride, int64_t rows, const void* const* k_rows,
+                int64_t tokens, int64_t head_dim, float* s, int64_t s_stride,
+                const void* const* prefetch_rows = nullptr, int64_t prefetch_count = 0);
+// acc_r += sum_i p[r * p_stride + i] * v_i (f32 weights, bf16 V rows); acc
+// rows in the order of WideQIndex.
+void WidePv(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
+            int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
+            const void* const* prefetch_rows = nullptr, int64_t prefetch_count = 0);
+// Where dimension d lives on the widening path: within each 32-dimension
+// chunk, the even dimensions first, then the odd ones.
+inline int64_t WideQIndex(int64_t d) {
+  const int64_t i = d & 31;
+  return (d & ~int64_t{31}) + (i & 1) * 16 + (i >> 1);
+}
 
 // Prefetches the `bytes` bytes at p into L2.
 inline void PrefetchRow(const void* p, int64_t bytes) {
