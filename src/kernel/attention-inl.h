@@ -515,7 +515,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       if (wide_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
         WideLogits(ws.q_eo + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D, s_h,
-                   s_stride, ws.k_next, n_next);
+                   s_stride, ws.k_next, n_next, row_bytes);
       } else if (bf16_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
         Bf16Logits(ws.q_hi + r0 * dim_pad, q_lo != nullptr ? q_lo + r0 * dim_pad : nullptr,
@@ -540,7 +540,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       if (wide_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
         WidePv(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad, ws.v_next,
-               n_next);
+               n_next, row_bytes);
       } else if (bf16_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
         Bf16AccumulatePV(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad,

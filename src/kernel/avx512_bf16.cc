@@ -373,7 +373,7 @@ template <int kRows>
 RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid_rows,
                                  const void* const* v_rows, int64_t tokens, int64_t head_dim,
                                  float* acc, int64_t acc_stride, const void* const* pf,
-                                 int64_t pf_count) {
+                                 int64_t pf_count, int64_t pf_bytes) {
   for (int64_t d = 0; d < head_dim; d += 32) {
     const int64_t left = head_dim - d;
     const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
@@ -386,7 +386,7 @@ RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid
       ao[r] = _mm512_loadu_ps(acc + rr * acc_stride + d + 16);
     }
     for (int64_t t = 0; t < tokens; ++t) {
-      if (prefetch && t < pf_count) PrefetchRow(pf[t], head_dim * 2);
+      if (prefetch && t < pf_count) PrefetchRow(pf[t], pf_bytes);
       __m512 ve, vo;
       Widen(_mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(v_rows[t]) + d), &ve,
             &vo);
@@ -412,9 +412,9 @@ RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid
 
 void WideLogits(const float* q_eo, int64_t q_stride, int64_t rows, const void* const* k_rows,
                 int64_t tokens, int64_t head_dim, float* s, int64_t s_stride,
-                const void* const* pf, int64_t pf_count) {
+                const void* const* pf, int64_t pf_count, int64_t pf_bytes) {
   if (rows <= 0 || tokens <= 0) return;
-  const int64_t row_bytes = head_dim * 2;
+  const int64_t row_bytes = pf_bytes;
   const int64_t per = rows > 2 ? 4 : rows == 2 ? 8 : 16;
   if (pf != nullptr && pf_count > RoundUp(tokens, per)) {
     PrefetchRows(pf, pf_count, RoundUp(tokens, per), pf_count, row_bytes);
@@ -444,24 +444,25 @@ void WideLogits(const float* q_eo, int64_t q_stride, int64_t rows, const void* c
 
 void WidePv(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
             int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
-            const void* const* pf, int64_t pf_count) {
+            const void* const* pf, int64_t pf_count, int64_t pf_bytes) {
   if (tokens <= 0) return;
-  if (pf != nullptr && pf_count > tokens) {
-    PrefetchRows(pf, pf_count, tokens, pf_count, head_dim * 2);
-  }
+  if (pf != nullptr && pf_count > tokens) PrefetchRows(pf, pf_count, tokens, pf_count, pf_bytes);
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     WidePvBlock<4>(p + r * p_stride, p_stride, 4, v_rows, tokens, head_dim,
-                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count);
+                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
+                   pf_bytes);
   }
   if (rows - r >= 2) {
     WidePvBlock<2>(p + r * p_stride, p_stride, 2, v_rows, tokens, head_dim,
-                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count);
+                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
+                   pf_bytes);
     r += 2;
   }
   if (rows - r == 1) {
     WidePvBlock<1>(p + r * p_stride, p_stride, 1, v_rows, tokens, head_dim,
-                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count);
+                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
+                   pf_bytes);
   }
 }
 
@@ -529,9 +530,9 @@ void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* cons
 bool CpuHasAvx512Bf16() { return false; }
 bool CpuHasAvx512Bw() { return false; }
 void WideLogits(const float*, int64_t, int64_t, const void* const*, int64_t, int64_t, float*,
-                int64_t, const void* const*, int64_t) {}
+                int64_t, const void* const*, int64_t, int64_t) {}
 void WidePv(const float*, int64_t, int64_t, const void* const*, int64_t, int64_t, float*,
-            int64_t, const void* const*, int64_t) {}
+            int64_t, const void* const*, int64_t, int64_t) {}
 void Fp8RowsToBf16(DType, const void**, int64_t, int64_t, uint16_t*, int64_t) {}
 void Bf16Logits(const uint16_t*, const uint16_t*, int64_t, int64_t, const void* const*, int64_t,
                 int64_t, float*, int64_t, const void* const*, int64_t) {}
