@@ -127,6 +127,15 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
       m = std::isnan(mc) || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN()
                                           : std::max(m, mc);
     }
+    // Every chunk without a finite logit and one with l == -0 (a visible
+    // key of logit -inf under mask_value -inf): NaN, as in the kernel.
+    bool nan_row = false;
+    if (m == -std::numeric_limits<float>::infinity()) {
+      for (int32_t c = 0; c < group.num_tasks; ++c) {
+        const float lc = partials[plan.tasks[group.first_task + c].partial_offset + rows + r];
+        nan_row = nan_row || (lc == 0.0f && std::signbit(lc));
+      }
+    }
     float l = 0.0f;
     for (int64_t d0 = 0; d0 < p.head_dim; d0 += 4096) {
       const int64_t count = std::min<int64_t>(4096, p.head_dim - d0);
@@ -149,10 +158,17 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
           p.sinks != nullptr && l != 0.0f ? l + std::exp(p.sinks[head] - m) : l;
       // e4m3fn V was accumulated as value * 2^-8 (the kernel's LoadF32).
       const float v_scale = p.kv_dtype == DType::kF8E4M3FN ? p.v_scale * 256.0f : p.v_scale;
-      const float scale = l != 0.0f ? v_scale / denominator : 0.0f;
+      if (p.sinks != nullptr && p.sinks[head] != -std::numeric_limits<float>::infinity()) {
+        nan_row = false;  // A finite sink bounds the reference's shift: output 0.
+      }
+      const float scale = nan_row     ? std::numeric_limits<float>::quiet_NaN()
+                          : l != 0.0f ? v_scale / denominator
+                                      : 0.0f;
       if (p.lse != nullptr && d0 == 0) {
         p.lse[token * p.lse_token_stride + head] =
-            l != 0.0f ? m + std::log(l) : -std::numeric_limits<float>::infinity();
+            nan_row     ? std::numeric_limits<float>::quiet_NaN()
+            : l != 0.0f ? m + std::log(l)
+                        : -std::numeric_limits<float>::infinity();
       }
       uint8_t* dst = static_cast<uint8_t*>(p.out) +
                      (token * p.out_token_stride + head * p.out_head_stride) * elem;

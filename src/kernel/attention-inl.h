@@ -274,7 +274,17 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t t0, int
     return;
   }
   if (m_new == -std::numeric_limits<float>::infinity()) {
-    // No key of this row visible yet: weights 0, state unchanged.
+    // No key of this row visible yet, or only keys whose logit is -inf:
+    // weights 0, state unchanged. With mask_value -inf the reference's
+    // maximum over the row is then -inf and its output exp(-inf - -inf) =
+    // NaN, unless a later key is finite: l = -0 marks a visible key seen
+    // (RowOutputIsNaN). (A finite mask_value would make the reference weigh
+    // the masked keys instead; those may be skipped, SPEC §1.)
+    const int64_t first = sp.window > 0 ? std::max(t0, pos - sp.window + 1) : t0;
+    if (std::min(t0 + n - 1, pos) >= first &&
+        sp.mask_value == -std::numeric_limits<float>::infinity()) {
+      *l = -0.0f;
+    }
     for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;
     return;
   }
@@ -585,13 +595,22 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
     const int64_t token = token_of(r);
     const int64_t head = head_of(r);
     // A sink joins the denominator only (SPEC §1), in the frame of m.
-    // l == 0: no key visible; a NaN l (poisoned row) gives NaN.
+    // l == 0: no key visible; a NaN l (poisoned row) gives NaN, and so
+    // does l == -0 (only -inf logits under mask_value -inf, SoftmaxRow).
+    // (A finite sink bounds the reference's shift instead: output 0.)
+    const bool nan_row = l == 0.0f && std::signbit(l) &&
+                         (pr.sinks == nullptr ||
+                          pr.sinks[head] == -std::numeric_limits<float>::infinity());
     const float denominator =
         pr.sinks != nullptr && l != 0.0f ? l + std::exp(pr.sinks[head] - ws.m[r]) : l;
-    const float out_scale = l != 0.0f ? pr.v_scale * e4m3 / denominator : 0.0f;
+    const float out_scale = nan_row   ? std::numeric_limits<float>::quiet_NaN()
+                            : l != 0.0f ? pr.v_scale * e4m3 / denominator
+                                        : 0.0f;
     if (pr.lse != nullptr) {
       pr.lse[token * pr.lse_token_stride + head] =
-          l != 0.0f ? ws.m[r] + std::log(l) : -std::numeric_limits<float>::infinity();
+          nan_row     ? std::numeric_limits<float>::quiet_NaN()
+          : l != 0.0f ? ws.m[r] + std::log(l)
+                      : -std::numeric_limits<float>::infinity();
     }
     float* acc = ws.acc + r * dim_pad;
     for (int64_t d = 0; d < dim_pad; d += lanes) {
