@@ -49,7 +49,7 @@ test-python:
 test-asan:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DRPA_SANITIZE=address,undefined -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
-	cmake --build $(ASAN_BUILD) -j $(JOBS) --target rpa_tests
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target rpa_tests rpa_cli
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
