@@ -127,8 +127,8 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
       m = std::isnan(mc) || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN()
                                           : std::max(m, mc);
     }
-    // Every chunk without a finite logit and one with l == -0 (a visible
-    // key of logit -inf under mask_value -inf): NaN, as in the kernel.
+    // Every chunk without a finite logit and one with l == -0 (keys whose
+    // logits are all -inf, SoftmaxRow): NaN, as in the kernel.
     bool nan_row = false;
     if (m == -std::numeric_limits<float>::infinity()) {
       for (int32_t c = 0; c < group.num_tasks; ++c) {

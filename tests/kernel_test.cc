@@ -409,35 +409,40 @@ TEST(KernelTest, QueryWithoutKeysIsZero) {
   for (float x : out) EXPECT_EQ(x, 0.0f);
 }
 
-// Every visible logit -inf under mask_value -inf: the reference's row is
-// exp(-inf - -inf) = NaN (F3's fuzz input ragged_inf_key_bf16_path); +inf
-// logits (head 1) too. Split over threads (the merge), on each path.
-TEST(KernelTest, AllLogitsMinusInfUnderMinusInfMaskIsNaN) {
+// Every visible logit -inf under mask_value -inf, or every logit -inf under
+// an additive mask: the reference's row is exp(-inf - -inf) = NaN (fuzz
+// input ragged_inf_key_bf16_path); +inf logits (head 1) too. Split over
+// threads (the merge), on each path.
+TEST(KernelTest, AllLogitsMinusInfIsNaNLikeTheReference) {
   const int64_t T = 6, D = 8;
-  std::vector<float> q(T * 2 * D, 0.5f), kv(4 * 4 * 2 * D, 0.25f);  // 4 pages of 4; K,V; 1 kv head.
+  // 2 q heads, 1 kv head; 4 pages of 4 slots of K, V.
+  std::vector<float> q(T * 2 * D, 0.5f), kv(4 * 4 * 2 * D, 0.25f);
   for (int64_t t = 0; t < T; ++t) q[(t * 2) * D] = 1.0f;             // Head 0: d 0 positive.
   for (int64_t i = 0; i < 4 * 4; ++i) kv[(i * 2) * D] = -INFINITY;   // Every K: d 0 = -inf.
   for (int64_t t = 0; t < T; ++t) q[(t * 2 + 1) * D] = -1.0f;        // Head 1: +inf logits.
   std::vector<int32_t> kv_lens = {T}, pages = {2, 0, 3, 1}, cu = {0, T}, n = {1};
-  for (bool allow : {true, false}) {
-    AllowBf16DotPath(allow);
-    for (int threads : {1, 3}) {
-      AttentionOptions o;
-      o.mask_value = -std::numeric_limits<double>::infinity();
-      o.num_threads = threads;
-      o.num_kv_pages_per_block = 1;
-      std::vector<float> out(q.size(), 7.0f), ref(q.size(), 7.0f);
-      const TensorView qv(q.data(), DType::kF32, {T, 2, D});
-      const TensorView kvv(kv.data(), DType::kF32, {4, 4, 2, D});
-      const TensorView lens(kv_lens.data(), DType::kI32, {1}), pi(pages.data(), DType::kI32, {1, 4});
-      const TensorView cuv(cu.data(), DType::kI32, {2}), nv(n.data(), DType::kI32, {1});
-      RefRaggedPagedAttention(qv, kvv, lens, pi, cuv, nv, o,
-                              MutableTensorView(ref.data(), DType::kF32, {T, 2, D}));
-      RaggedPagedAttention(qv, kvv, lens, pi, cuv, nv, o,
-                           MutableTensorView(out.data(), DType::kF32, {T, 2, D}));
-      for (size_t i = 0; i < out.size(); ++i) {
-        ASSERT_TRUE(std::isnan(ref[i])) << i;  // Both heads: NaN in the reference.
-        EXPECT_TRUE(std::isnan(out[i])) << "flat " << i << " threads " << threads;
+  for (double mask : {-std::numeric_limits<double>::infinity(), 4.8}) {  // Vanish; additive.
+    for (bool allow : {true, false}) {
+      AllowBf16DotPath(allow);
+      for (int threads : {1, 3}) {
+        AttentionOptions o;
+        o.mask_value = mask;
+        o.num_threads = threads;
+        o.num_kv_pages_per_block = 1;
+        std::vector<float> out(q.size(), 7.0f), ref(q.size(), 7.0f);
+        const TensorView qv(q.data(), DType::kF32, {T, 2, D});
+        const TensorView kvv(kv.data(), DType::kF32, {4, 4, 2, D});
+        const TensorView lens(kv_lens.data(), DType::kI32, {1});
+        const TensorView pi(pages.data(), DType::kI32, {1, 4});
+        const TensorView cuv(cu.data(), DType::kI32, {2}), nv(n.data(), DType::kI32, {1});
+        RefRaggedPagedAttention(qv, kvv, lens, pi, cuv, nv, o,
+                                MutableTensorView(ref.data(), DType::kF32, {T, 2, D}));
+        RaggedPagedAttention(qv, kvv, lens, pi, cuv, nv, o,
+                             MutableTensorView(out.data(), DType::kF32, {T, 2, D}));
+        for (size_t i = 0; i < out.size(); ++i) {
+          ASSERT_TRUE(std::isnan(ref[i])) << i;  // Both heads: NaN in the reference.
+          EXPECT_TRUE(std::isnan(out[i])) << "flat " << i << " threads " << threads;
+        }
       }
     }
   }

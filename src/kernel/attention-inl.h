@@ -275,14 +275,18 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t t0, int
   }
   if (m_new == -std::numeric_limits<float>::infinity()) {
     // No key of this row visible yet, or only keys whose logit is -inf:
-    // weights 0, state unchanged. With mask_value -inf the reference's
-    // maximum over the row is then -inf and its output exp(-inf - -inf) =
-    // NaN, unless a later key is finite: l = -0 marks a visible key seen
-    // (RowOutputIsNaN). (A finite mask_value would make the reference weigh
-    // the masked keys instead; those may be skipped, SPEC §1.)
+    // weights 0, state unchanged. If the reference's maximum over the row
+    // is then -inf too, its output is exp(-inf - -inf) = NaN, unless a later
+    // key is finite: l = -0 marks that (checked at the end). That is so when
+    // every key takes part (an additive mask_value: masked keys are logit +
+    // mask_value, -inf here too) or, with masked keys vanishing, when
+    // mask_value is -inf and a visible key was in the tile. (A finite
+    // mask_value <= -1e4 would make the reference weigh the masked keys
+    // instead; those may be skipped, SPEC §1.)
     const int64_t first = sp.window > 0 ? std::max(t0, pos - sp.window + 1) : t0;
-    if (std::min(t0 + n - 1, pos) >= first &&
-        sp.mask_value == -std::numeric_limits<float>::infinity()) {
+    const bool visible = std::min(t0 + n - 1, pos) >= first;
+    if ((!sp.vanish && n > 0) ||
+        (visible && sp.mask_value == -std::numeric_limits<float>::infinity())) {
       *l = -0.0f;
     }
     for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;
