@@ -253,8 +253,13 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t t0, int
                         hn::Lt(t, hn::Set(di, static_cast<int32_t>(pos - sp.window + 1))));
       }
       const auto masked_f = hn::RebindMask(df, masked);
-      x = sp.vanish ? hn::IfThenElse(masked_f, neg_inf, x)
-                    : hn::IfThenElse(masked_f, hn::Add(x, hn::Set(df, sp.mask_value)), x);
+      // mask_value -inf is added like the reference does, so a masked +inf
+      // logit becomes NaN there too (it poisons the row, as in the
+      // reference); other vanishing masks give exactly -inf.
+      x = sp.vanish && sp.mask_value != -std::numeric_limits<float>::infinity()
+              ? hn::IfThenElse(masked_f, neg_inf, x)
+              : hn::IfThenElse(masked_f, hn::Add(x, hn::Set(df, sp.mask_value)), x);
+      vnan = hn::Or(vnan, hn::VecFromMask(df, hn::And(valid, hn::IsNaN(x))));
     }
     x = hn::IfThenElse(valid, x, neg_inf);
     hn::StoreU(x, df, s + i);
