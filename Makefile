@@ -10,7 +10,14 @@ CMAKE_FLAGS ?=
 # Fuzzing (docs/robustness.md): seconds per fuzzer for `make fuzz`, and the
 # open findings the runs look past (RPA_FUZZ_KNOWN; empty to hit them).
 FUZZ_SECONDS ?= 60
-TEST_FUZZ_SECONDS ?= 40
+FUZZ_FLAGS ?=
+FUZZ_WORK_CORPUS ?= $(FUZZ_BUILD)/corpus
+# `make test` replays a fixed stretch of each fuzzer (seed 1, TEST_FUZZ_RUNS
+# inputs, capped at TEST_FUZZ_SECONDS): the same inputs on every machine, so
+# CI fails only on a bug the developer's own run would have hit too.
+# Open-ended search is `make fuzz`.
+TEST_FUZZ_RUNS ?= 20000
+TEST_FUZZ_SECONDS ?= 120
 FUZZ_KNOWN ?=
 FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
@@ -68,20 +75,23 @@ fuzz-build:
 
 fuzz: setup fuzz-build
 	@set -e; for f in $(FUZZERS); do \
-	  mkdir -p $(FUZZ_BUILD)/corpus/$$f $(FUZZ_BUILD)/findings; \
+	  mkdir -p $(FUZZ_WORK_CORPUS)/$$f $(FUZZ_BUILD)/findings; \
 	  echo "fuzz: $$f for $(FUZZ_SECONDS) s"; \
 	  RPA_FUZZ_KNOWN=$(FUZZ_KNOWN) ./$(FUZZ_BUILD)/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) \
-	    -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
+	    $(FUZZ_FLAGS) -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
 	    -artifact_prefix=$(FUZZ_BUILD)/findings/$$f- \
-	    $(FUZZ_BUILD)/corpus/$$f fuzz/corpus/$$f > $(FUZZ_BUILD)/findings/$$f.log 2>&1 \
+	    $(FUZZ_WORK_CORPUS)/$$f fuzz/corpus/$$f > $(FUZZ_BUILD)/findings/$$f.log 2>&1 \
 	    || { grep -v '^#[0-9]' $(FUZZ_BUILD)/findings/$$f.log | tail -n 60; \
 	         echo "fuzz: $$f found a bug; input in $(FUZZ_BUILD)/findings"; exit 1; }; \
 	  grep '^stat::\|^Done\|cov:' $(FUZZ_BUILD)/findings/$$f.log | tail -n 4; \
 	done
 
-# A bounded run of every fuzzer, part of `make test`.
+# A bounded, reproducible run of every fuzzer, part of `make test`.
+# It starts from the committed corpus alone, never from what earlier runs grew.
 test-fuzz:
-	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
+	rm -rf $(FUZZ_BUILD)/test-corpus
+	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) FUZZ_WORK_CORPUS=$(FUZZ_BUILD)/test-corpus \
+	  FUZZ_FLAGS="-seed=1 -runs=$(TEST_FUZZ_RUNS)"
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
