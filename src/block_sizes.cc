@@ -240,14 +240,15 @@ CacheSizes ThisCpuCaches() {
 }
 
 BlockSizeChoice HeuristicBlockSizes(const BlockSizeConfig& config, const CacheSizes& caches) {
-  // A KV tile (K and V of one kv head) of about L2/8 stays resident while
-  // every row of the query tile reads it; the tile's logits (rows x keys
-  // f32) get another L2/4; the rest of L2 is for the accumulators and the
-  // next tile's prefetch.
+  // A KV tile (K and V of one kv head) of about L2/16 stays resident while
+  // every row of the query tile reads it, and the tile's logits (rows x
+  // keys f32) take about as much; the rest of L2 holds the accumulators and
+  // the next tile's prefetch. (rpa tune --check on this machine: tiles of
+  // 256 tokens and ~128 rows were best for prefill; larger ones lost 30%.)
   const int64_t kv_bytes_per_token = 2 * config.head_dim * static_cast<int64_t>(SizeOf(config.kv_dtype));
-  const int64_t tile_tokens = std::clamp<int64_t>(caches.l2_bytes / 8 / kv_bytes_per_token, 16, 512);
+  const int64_t tile_tokens = std::clamp<int64_t>(caches.l2_bytes / 16 / kv_bytes_per_token, 16, 512);
   const int64_t group = std::max<int64_t>(config.num_q_heads / std::max<int64_t>(config.num_kv_heads, 1), 1);
-  const int64_t rows = std::clamp<int64_t>(caches.l2_bytes / 4 / (4 * tile_tokens), group, 512);
+  const int64_t rows = std::clamp<int64_t>(caches.l2_bytes / 16 / (4 * tile_tokens), group, 512);
   BlockSizeChoice choice;
   choice.source = BlockSizeSource::kHeuristic;
   choice.sizes.num_kv_pages_per_block = std::max<int64_t>(tile_tokens / config.page_size, 1);
@@ -255,9 +256,9 @@ BlockSizeChoice HeuristicBlockSizes(const BlockSizeConfig& config, const CacheSi
       std::min<int64_t>(std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(rows / group, 1))),
                         Bucket(config.max_num_batched_tokens));
   choice.explanation = StrCat(
-      "heuristic from this CPU's L2 (", caches.l2_bytes, " B): a KV tile of ~L2/8 = ", tile_tokens,
+      "heuristic from this CPU's L2 (", caches.l2_bytes, " B): a KV tile of ~L2/16 = ", tile_tokens,
       " tokens (", kv_bytes_per_token, " B per token of K+V) = ", choice.sizes.num_kv_pages_per_block,
-      " pages of ", config.page_size, "; its logits within L2/4 -> ", rows, " rows / ", group,
+      " pages of ", config.page_size, "; its logits within L2/16 -> ", rows, " rows / ", group,
       " q heads per kv head = ", choice.sizes.num_queries_per_block, " queries");
   return choice;
 }

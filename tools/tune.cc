@@ -57,10 +57,11 @@ std::vector<HeadConfig> SelectedConfigs(const TuneArgs& args) {
                          c.at("num_kv_heads").get<int64_t>(), c.at("head_dim").get<int64_t>()});
     }
   }
+  // No presets named and no config file: every preset.
+  const bool every_preset = args.presets.empty() && configs.empty();
   for (const HeadConfig& preset : ModelPresets()) {
-    const bool wanted = args.presets.empty() ? configs.empty()
-                                             : std::find(args.presets.begin(), args.presets.end(),
-                                                         preset.name) != args.presets.end();
+    const bool wanted = every_preset || std::find(args.presets.begin(), args.presets.end(),
+                                                  preset.name) != args.presets.end();
     if (wanted) configs.push_back(preset);
   }
   if (configs.empty()) throw CLI::ValidationError("--preset", "no such preset");
@@ -104,11 +105,14 @@ struct SweepResult {
 
 // Candidates: KV tiles of 1..128 pages up to 2048 tokens, query tiles of
 // 8..256 (only 1 when every q_len is 1: the query tile cannot matter).
-std::vector<Candidate> Candidates(const BlockSizeConfig& config, int32_t max_q_len) {
+// --quick keeps the middle of both ranges, where every winner so far lies.
+std::vector<Candidate> Candidates(const BlockSizeConfig& config, int32_t max_q_len, bool quick) {
   std::vector<Candidate> candidates;
   std::vector<int64_t> queries = {1};
-  if (max_q_len > 1) queries = {8, 16, 32, 64, 128, 256};
-  for (int64_t pages = 1; pages <= 128; pages *= 2) {
+  if (max_q_len > 1) {
+    queries = quick ? std::vector<int64_t>{16, 32, 64, 128} : std::vector<int64_t>{8, 16, 32, 64, 128, 256};
+  }
+  for (int64_t pages = quick ? 2 : 1; pages <= (quick ? 32 : 128); pages *= 2) {
     if (pages > config.PagesPerSeq() || pages * config.page_size > 2048) break;
     for (int64_t q : queries) {
       if (q > 2 * max_q_len && q != queries.front()) continue;
@@ -144,7 +148,7 @@ class Progress {
 SweepResult Sweep(const SyntheticBatch& batch, const BlockSizeConfig& config, int32_t max_q_len,
                   const AttentionOptions& base, bool quick, Progress& progress,
                   const std::string& label) {
-  std::vector<Candidate> candidates = Candidates(config, max_q_len);
+  std::vector<Candidate> candidates = Candidates(config, max_q_len, quick);
   std::vector<uint8_t> out = batch.NewOutput();
   SweepResult result;
   double best = 1e300;
@@ -195,7 +199,7 @@ int RunTune(const TuneArgs& args) {
         key.max_num_batched_tokens += s.q_len;
         max_q = std::max(max_q, s.q_len);
       }
-      total += static_cast<int>(Candidates(key, max_q).size());
+      total += static_cast<int>(Candidates(key, max_q, args.quick).size());
       keys.push_back(key);
     }
   }
