@@ -104,11 +104,13 @@ struct SweepResult {
 };
 
 // Candidates: KV tiles of 1..128 pages up to 2048 tokens, query tiles of
-// 8..256 (only 1 when every q_len is 1: the query tile cannot matter).
+// 8..256 (only one when every q_len is 1: the query tile cannot matter).
 // --quick keeps the middle of both ranges, where every winner so far lies.
 std::vector<Candidate> Candidates(const BlockSizeConfig& config, int32_t max_q_len, bool quick) {
   std::vector<Candidate> candidates;
-  std::vector<int64_t> queries = {1};
+  // A decode batch cannot tell query tiles apart; 16 is what a neighbouring
+  // batch with a few longer queries would want from this entry.
+  std::vector<int64_t> queries = {16};
   if (max_q_len > 1) {
     queries = quick ? std::vector<int64_t>{16, 32, 64, 128} : std::vector<int64_t>{8, 16, 32, 64, 128, 256};
   }
