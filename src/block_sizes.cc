@@ -252,14 +252,18 @@ BlockSizeChoice HeuristicBlockSizes(const BlockSizeConfig& config, const CacheSi
   BlockSizeChoice choice;
   choice.source = BlockSizeSource::kHeuristic;
   choice.sizes.num_kv_pages_per_block = std::max<int64_t>(tile_tokens / config.page_size, 1);
-  choice.sizes.num_queries_per_block =
-      std::min<int64_t>(std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(rows / group, 1))),
-                        Bucket(config.max_num_batched_tokens));
+  // 16..64 queries: every sweep winner here lies there (rpa tune --check);
+  // fewer starve the tile's reuse of K/V (MQA: 32 q heads per kv head),
+  // more make the logits outgrow L2 (head_dim 256).
+  const int64_t queries = std::clamp<int64_t>(
+      static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(rows / group, 1)))),
+      16, 64);
+  choice.sizes.num_queries_per_block = std::min<int64_t>(queries, Bucket(config.max_num_batched_tokens));
   choice.explanation = StrCat(
       "heuristic from this CPU's L2 (", caches.l2_bytes, " B): a KV tile of ~L2/16 = ", tile_tokens,
       " tokens (", kv_bytes_per_token, " B per token of K+V) = ", choice.sizes.num_kv_pages_per_block,
       " pages of ", config.page_size, "; its logits within L2/16 -> ", rows, " rows / ", group,
-      " q heads per kv head = ", choice.sizes.num_queries_per_block, " queries");
+      " q heads per kv head -> ", choice.sizes.num_queries_per_block, " queries (kept in 16..64)");
   return choice;
 }
 
