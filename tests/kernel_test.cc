@@ -313,6 +313,71 @@ TEST(KernelBf16DotTest, Fp8RowsToBf16IsExact) {
   }
 }
 
+// Bit-identical, except that NaNs may differ in sign and payload (which NaN
+// operand an add or FMA passes on depends on the compiler's operand order).
+bool SameOrBothNan(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+// fp8 K/V converted inside the widening loops (decode) gives bit for bit
+// what converting the rows to bf16 first (Fp8RowsToBf16, prefill) gives
+// (NaN for NaN):
+// every code (NaN and the masked tail included), each logits and PV block
+// shape.
+TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
+  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (DType dtype : {DType::kF8E4M3FN, DType::kF8E5M2}) {
+    for (int64_t head_dim : {int64_t{263}, int64_t{128}, int64_t{5}}) {
+      constexpr int64_t tokens = 19;
+      const int64_t pad = RoundUp(head_dim, 32);
+      std::vector<uint8_t> codes(tokens * head_dim);
+      for (size_t i = 0; i < codes.size(); ++i) {
+        codes[i] = static_cast<uint8_t>(i < 256 ? i : rng() & 0xFF);
+      }
+      std::vector<uint16_t> bf16(tokens * pad, 0);
+      const void* raw[tokens];
+      const void* conv[tokens];
+      for (int64_t t = 0; t < tokens; ++t) raw[t] = conv[t] = codes.data() + t * head_dim;
+      Fp8RowsToBf16(dtype, conv, tokens, head_dim, bf16.data(), pad);
+      for (int64_t rows : {1, 2, 3, 4, 5, 8}) {
+        // The 4 x 4 logits blocks read q rows up to a multiple of 4, as the
+        // kernel's scratch has them.
+        std::vector<float> q(RoundUp(rows, 4) * pad, 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t d = 0; d < head_dim; ++d) q[r * pad + d] = normal(rng);
+        }
+        const int64_t s_stride = 32;
+        std::vector<float> s_raw(rows * s_stride, 0.0f), s_conv(rows * s_stride, 0.0f);
+        WideLogits(dtype, q.data(), pad, rows, raw, tokens, head_dim, s_raw.data(), s_stride,
+                   nullptr, 0, head_dim);
+        WideLogits(DType::kBF16, q.data(), pad, rows, conv, tokens, head_dim, s_conv.data(),
+                   s_stride, nullptr, 0, head_dim);
+        EXPECT_TRUE(SameOrBothNan(s_raw, s_conv))
+            << ToString(dtype) << " head_dim " << head_dim << " rows " << rows;
+        // PV with q's values as the weights (NaN codes make NaN in both).
+        std::vector<float> acc_raw(rows * pad, 0.0f), acc_conv(rows * pad, 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t d = 0; d < head_dim; ++d) acc_raw[r * pad + d] = normal(rng);
+        }
+        acc_conv = acc_raw;
+        WidePv(dtype, q.data(), pad, rows, raw, tokens, head_dim, acc_raw.data(), pad, nullptr,
+               0, head_dim);
+        WidePv(DType::kBF16, q.data(), pad, rows, conv, tokens, head_dim, acc_conv.data(), pad,
+               nullptr, 0, head_dim);
+        EXPECT_TRUE(SameOrBothNan(acc_raw, acc_conv))
+            << ToString(dtype) << " head_dim " << head_dim << " rows " << rows;
+      }
+    }
+  }
+}
+
 TEST(KernelBf16DotTest, PathChoice) {
   Case c;
   AttentionProblem p;

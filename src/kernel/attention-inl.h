@@ -438,6 +438,12 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   const bool bf16_kv = pr.kv_dtype == DType::kBF16 || fp8;
   const bool bf16_path = path == KernelPath::kAvx512Bf16 && bf16_kv;
   const bool wide_path = path == KernelPath::kAvx512Wide && bf16_kv;
+  // Widening path, fp8 K/V: with few rows per kv head (decode) each K/V
+  // chunk is converted once, in the product loops' registers; with more,
+  // every 4-row block would convert it again, so a tile is converted once
+  // into bf16 scratch rows (Fp8RowsToBf16) and the bf16 loops run.
+  const bool fp8_in_loops = fp8 && rows_per_head <= 8;
+  const DType wide_dtype = fp8_in_loops ? pr.kv_dtype : DType::kBF16;
   // e4m3fn converts to value * 2^-8 (LoadF32): undone in the scales.
   const float e4m3 = pr.kv_dtype == DType::kF8E4M3FN ? kE4M3Rescale : 1.0f;
   // Row r's token and q head (see KernelTask).
@@ -532,9 +538,9 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       float* s_h = ws.s + r0 * s_stride;
       float* acc_h = ws.acc + r0 * dim_pad;
       if (wide_path) {
-        if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
-        WideLogits(ws.q_eo + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D, s_h,
-                   s_stride, ws.k_next, n_next, row_bytes);
+        if (fp8 && !fp8_in_loops) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
+        WideLogits(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D,
+                   s_h, s_stride, ws.k_next, n_next, row_bytes);
       } else if (bf16_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
         Bf16Logits(ws.q_hi + r0 * dim_pad, q_lo != nullptr ? q_lo + r0 * dim_pad : nullptr,
@@ -557,9 +563,9 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
                    ws.acc + r * dim_pad, dim_pad);
       }
       if (wide_path) {
-        if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
-        WidePv(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad, ws.v_next,
-               n_next, row_bytes);
+        if (fp8 && !fp8_in_loops) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
+        WidePv(wide_dtype, s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad,
+               ws.v_next, n_next, row_bytes);
       } else if (bf16_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
         Bf16AccumulatePV(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad,

@@ -304,6 +304,53 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline void Widen(__m512i raw, __
   *odd = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(-65536)));
 }
 
+// The fp8 table (Fp8Table) in four registers, for converting in the loops.
+struct Fp8Lut {
+  __m512i t0, t1, t2, t3;
+};
+
+RPA_WIDE_TARGET __attribute__((always_inline)) inline Fp8Lut LoadLut(const Fp8Table* table) {
+  Fp8Lut lut;
+  if (table == nullptr) {
+    lut.t0 = lut.t1 = lut.t2 = lut.t3 = _mm512_setzero_si512();
+  } else {
+    lut.t0 = _mm512_load_si512(table->bits);
+    lut.t1 = _mm512_load_si512(table->bits + 32);
+    lut.t2 = _mm512_load_si512(table->bits + 64);
+    lut.t3 = _mm512_load_si512(table->bits + 96);
+  }
+  return lut;
+}
+
+// Elements [d, d + 32) of a K/V row (masked: nothing past the row is read,
+// the tail is 0) as f32, even elements in *even and odd ones in *odd. kFp8:
+// the row holds 8-bit floats, converted in registers to bf16 exactly as
+// Fp8RowsToBf16 does (two vpermi2w table lookups, the sign or-ed back), so
+// no scratch row is written and read back.
+template <bool kFp8>
+RPA_WIDE_TARGET __attribute__((always_inline)) inline void LoadWide(const void* row, int64_t d,
+                                                                    __mmask32 mask,
+                                                                    const Fp8Lut& lut,
+                                                                    __m512* even, __m512* odd) {
+  if constexpr (kFp8) {
+    const __m512i x = _mm512_cvtepu8_epi16(
+        _mm256_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(row) + d));
+    // permutex2var reads index bits [5:0]: entries 0-63 from (t0, t1),
+    // 64-127 from (t2, t3); bit 6 picks between them.
+    const __m512i lo = _mm512_permutex2var_epi16(lut.t0, x, lut.t1);
+    const __m512i hi = _mm512_permutex2var_epi16(lut.t2, x, lut.t3);
+    const __m512i mag =
+        _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
+    // mag | (x << 8 & 0x8000): the sign bit back on top.
+    const __m512i bits = _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(x, 8),
+                                                   _mm512_set1_epi16(static_cast<short>(0x8000)),
+                                                   0xF8);
+    Widen(bits, even, odd);
+  } else {
+    Widen(_mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d), even, odd);
+  }
+}
+
 // Lane i of the result = sum of the lanes of a[i] (SumEach16, for the
 // widening path's target).
 RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 WideSumEach16(const __m512* a) {
@@ -326,25 +373,25 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 WideSumEach16(const
                        _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-template <int kRows, int kTokens>
+template <int kRows, int kTokens, bool kFp8>
 RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t rows,
                                      const void* const* k_rows, int64_t tokens,
-                                     int64_t head_dim, float* s, int64_t s_stride) {
+                                     int64_t head_dim, float* s, int64_t s_stride,
+                                     const Fp8Table* table) {
   static_assert(kRows * kTokens == 16);
+  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  const uint16_t* k[kTokens];
+  const void* k[kTokens];
 #pragma GCC unroll 16
-  for (int t = 0; t < kTokens; ++t) {
-    k[t] = static_cast<const uint16_t*>(k_rows[t < tokens ? t : 0]);
-  }
+  for (int t = 0; t < kTokens; ++t) k[t] = k_rows[t < tokens ? t : 0];
   for (int64_t d = 0; d < head_dim; d += 32) {
     const int64_t left = head_dim - d;
     const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
     __m512 ke[kTokens], ko[kTokens];
 #pragma GCC unroll 16
-    for (int t = 0; t < kTokens; ++t) Widen(_mm512_maskz_loadu_epi16(mask, k[t] + d), &ke[t], &ko[t]);
+    for (int t = 0; t < kTokens; ++t) LoadWide<kFp8>(k[t], d, mask, lut, &ke[t], &ko[t]);
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
       const __m512 qe = _mm512_loadu_ps(q + r * q_stride + d);
@@ -369,11 +416,12 @@ RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t r
 }
 
 // acc rows (even/odd order) += sum_t p[r][t] * v_t for kRows rows.
-template <int kRows>
+template <int kRows, bool kFp8>
 RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid_rows,
                                  const void* const* v_rows, int64_t tokens, int64_t head_dim,
                                  float* acc, int64_t acc_stride, const void* const* pf,
-                                 int64_t pf_count, int64_t pf_bytes) {
+                                 int64_t pf_count, int64_t pf_bytes, const Fp8Table* table) {
+  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
   for (int64_t d = 0; d < head_dim; d += 32) {
     const int64_t left = head_dim - d;
     const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
@@ -388,8 +436,7 @@ RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid
     for (int64_t t = 0; t < tokens; ++t) {
       if (prefetch && t < pf_count) PrefetchRow(pf[t], pf_bytes);
       __m512 ve, vo;
-      Widen(_mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(v_rows[t]) + d), &ve,
-            &vo);
+      LoadWide<kFp8>(v_rows[t], d, mask, lut, &ve, &vo);
 #pragma GCC unroll 8
       for (int r = 0; r < kRows; ++r) {
         const int64_t rr = r < valid_rows ? r : 0;
@@ -408,12 +455,20 @@ RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid
   }
 }
 
-}  // namespace
+// The table of an 8-bit float K/V dtype, or null for bf16.
+const Fp8Table* Fp8TableOf(DType dtype) {
+  static const Fp8Table e4m3 = MakeFp8Table(DType::kF8E4M3FN);
+  static const Fp8Table e5m2 = MakeFp8Table(DType::kF8E5M2);
+  if (dtype == DType::kF8E4M3FN) return &e4m3;
+  if (dtype == DType::kF8E5M2) return &e5m2;
+  return nullptr;
+}
 
-void WideLogits(const float* q_eo, int64_t q_stride, int64_t rows, const void* const* k_rows,
-                int64_t tokens, int64_t head_dim, float* s, int64_t s_stride,
-                const void* const* pf, int64_t pf_count, int64_t pf_bytes) {
-  if (rows <= 0 || tokens <= 0) return;
+template <bool kFp8>
+void WideLogitsImpl(const float* q_eo, int64_t q_stride, int64_t rows, const void* const* k_rows,
+                    int64_t tokens, int64_t head_dim, float* s, int64_t s_stride,
+                    const void* const* pf, int64_t pf_count, int64_t pf_bytes,
+                    const Fp8Table* table) {
   const int64_t row_bytes = pf_bytes;
   const int64_t per = rows > 2 ? 4 : rows == 2 ? 8 : 16;
   if (pf != nullptr && pf_count > RoundUp(tokens, per)) {
@@ -423,55 +478,83 @@ void WideLogits(const float* q_eo, int64_t q_stride, int64_t rows, const void* c
   for (; r + 4 <= rows || (rows - r > 2); r += 4) {
     for (int64_t t = 0; t < tokens; t += 4) {
       if (r == 0 && pf != nullptr) PrefetchRows(pf, pf_count, t, 4, row_bytes);
-      WideLogitsBlock<4, 4>(q_eo + r * q_stride, q_stride, rows - r, k_rows + t, tokens - t,
-                            head_dim, s + r * s_stride + t, s_stride);
+      WideLogitsBlock<4, 4, kFp8>(q_eo + r * q_stride, q_stride, rows - r, k_rows + t,
+                                  tokens - t, head_dim, s + r * s_stride + t, s_stride, table);
     }
   }
   if (rows - r == 2) {
     for (int64_t t = 0; t < tokens; t += 8) {
       if (r == 0 && pf != nullptr) PrefetchRows(pf, pf_count, t, 8, row_bytes);
-      WideLogitsBlock<2, 8>(q_eo + r * q_stride, q_stride, 2, k_rows + t, tokens - t, head_dim,
-                            s + r * s_stride + t, s_stride);
+      WideLogitsBlock<2, 8, kFp8>(q_eo + r * q_stride, q_stride, 2, k_rows + t, tokens - t,
+                                  head_dim, s + r * s_stride + t, s_stride, table);
     }
   } else if (rows - r == 1) {
     for (int64_t t = 0; t < tokens; t += 16) {
       if (r == 0 && pf != nullptr) PrefetchRows(pf, pf_count, t, 16, row_bytes);
-      WideLogitsBlock<1, 16>(q_eo + r * q_stride, q_stride, 1, k_rows + t, tokens - t,
-                             head_dim, s + r * s_stride + t, s_stride);
+      WideLogitsBlock<1, 16, kFp8>(q_eo + r * q_stride, q_stride, 1, k_rows + t, tokens - t,
+                                   head_dim, s + r * s_stride + t, s_stride, table);
     }
   }
 }
 
-void WidePv(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
-            int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
-            const void* const* pf, int64_t pf_count, int64_t pf_bytes) {
-  if (tokens <= 0) return;
+template <bool kFp8>
+void WidePvImpl(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
+                int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
+                const void* const* pf, int64_t pf_count, int64_t pf_bytes,
+                const Fp8Table* table) {
   if (pf != nullptr && pf_count > tokens) PrefetchRows(pf, pf_count, tokens, pf_count, pf_bytes);
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    WidePvBlock<4>(p + r * p_stride, p_stride, 4, v_rows, tokens, head_dim,
-                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
-                   pf_bytes);
+    WidePvBlock<4, kFp8>(p + r * p_stride, p_stride, 4, v_rows, tokens, head_dim,
+                         acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
+                         pf_bytes, table);
   }
   if (rows - r >= 2) {
-    WidePvBlock<2>(p + r * p_stride, p_stride, 2, v_rows, tokens, head_dim,
-                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
-                   pf_bytes);
+    WidePvBlock<2, kFp8>(p + r * p_stride, p_stride, 2, v_rows, tokens, head_dim,
+                         acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
+                         pf_bytes, table);
     r += 2;
   }
   if (rows - r == 1) {
-    WidePvBlock<1>(p + r * p_stride, p_stride, 1, v_rows, tokens, head_dim,
-                   acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
-                   pf_bytes);
+    WidePvBlock<1, kFp8>(p + r * p_stride, p_stride, 1, v_rows, tokens, head_dim,
+                         acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
+                         pf_bytes, table);
+  }
+}
+
+}  // namespace
+
+void WideLogits(DType k_dtype, const float* q_eo, int64_t q_stride, int64_t rows,
+                const void* const* k_rows, int64_t tokens, int64_t head_dim, float* s,
+                int64_t s_stride, const void* const* pf, int64_t pf_count, int64_t pf_bytes) {
+  if (rows <= 0 || tokens <= 0) return;
+  const Fp8Table* table = Fp8TableOf(k_dtype);
+  if (table != nullptr) {
+    WideLogitsImpl<true>(q_eo, q_stride, rows, k_rows, tokens, head_dim, s, s_stride, pf,
+                         pf_count, pf_bytes, table);
+  } else {
+    WideLogitsImpl<false>(q_eo, q_stride, rows, k_rows, tokens, head_dim, s, s_stride, pf,
+                          pf_count, pf_bytes, nullptr);
+  }
+}
+
+void WidePv(DType v_dtype, const float* p, int64_t p_stride, int64_t rows,
+            const void* const* v_rows, int64_t tokens, int64_t head_dim, float* acc,
+            int64_t acc_stride, const void* const* pf, int64_t pf_count, int64_t pf_bytes) {
+  if (tokens <= 0) return;
+  const Fp8Table* table = Fp8TableOf(v_dtype);
+  if (table != nullptr) {
+    WidePvImpl<true>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride, pf,
+                     pf_count, pf_bytes, table);
+  } else {
+    WidePvImpl<false>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride, pf,
+                      pf_count, pf_bytes, nullptr);
   }
 }
 
 void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
                    uint16_t* dst, int64_t dst_stride) {
-  static const Fp8Table e4m3 = MakeFp8Table(DType::kF8E4M3FN);
-  static const Fp8Table e5m2 = MakeFp8Table(DType::kF8E5M2);
-  Fp8RowsToBf16Impl(dtype == DType::kF8E4M3FN ? e4m3 : e5m2, rows, tokens, head_dim, dst,
-                    dst_stride);
+  Fp8RowsToBf16Impl(*Fp8TableOf(dtype), rows, tokens, head_dim, dst, dst_stride);
 }
 
 void Bf16Logits(const uint16_t* q_hi, const uint16_t* q_lo, int64_t q_stride, int64_t rows,
@@ -529,10 +612,10 @@ void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* cons
 
 bool CpuHasAvx512Bf16() { return false; }
 bool CpuHasAvx512Bw() { return false; }
-void WideLogits(const float*, int64_t, int64_t, const void* const*, int64_t, int64_t, float*,
-                int64_t, const void* const*, int64_t, int64_t) {}
-void WidePv(const float*, int64_t, int64_t, const void* const*, int64_t, int64_t, float*,
-            int64_t, const void* const*, int64_t, int64_t) {}
+void WideLogits(DType, const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
+                float*, int64_t, const void* const*, int64_t, int64_t) {}
+void WidePv(DType, const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
+            float*, int64_t, const void* const*, int64_t, int64_t) {}
 void Fp8RowsToBf16(DType, const void**, int64_t, int64_t, uint16_t*, int64_t) {}
 void Bf16Logits(const uint16_t*, const uint16_t*, int64_t, int64_t, const void* const*, int64_t,
                 int64_t, float*, int64_t, const void* const*, int64_t) {}

@@ -133,18 +133,23 @@ void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_
 
 // ---- The widening path (avx512_bf16.cc); call only if CpuHasAvx512Bw.
 // As Bf16Logits, with q rows in f32 in the order of WideQIndex (zero padded
-// to a multiple of 32) and bf16 K rows.
+// to a multiple of 32) and K rows of k_dtype: bf16, or fp8 e4m3fn / e5m2
+// converted in registers exactly as Fp8RowsToBf16 would (e4m3fn times
+// 2^-8), chunk by chunk inside the product loop. Every row block converts
+// the chunk again, so for many rows (prefill) Fp8RowsToBf16 once per tile
+// and k_dtype bf16 costs less; decode (<= 8 rows per kv head) converts here.
 // prefetch_bytes: bytes of each prefetched row (the rows prefetched are
 // the next tile's in the cache's dtype, which may be 8-bit).
-void WideLogits(const float* q_eo, int64_t q_stride, int64_t rows, const void* const* k_rows,
-                int64_t tokens, int64_t head_dim, float* s, int64_t s_stride,
-                const void* const* prefetch_rows, int64_t prefetch_count,
+void WideLogits(DType k_dtype, const float* q_eo, int64_t q_stride, int64_t rows,
+                const void* const* k_rows, int64_t tokens, int64_t head_dim, float* s,
+                int64_t s_stride, const void* const* prefetch_rows, int64_t prefetch_count,
                 int64_t prefetch_bytes);
-// acc_r += sum_i p[r * p_stride + i] * v_i (f32 weights, bf16 V rows); acc
-// rows in the order of WideQIndex.
-void WidePv(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
-            int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
-            const void* const* prefetch_rows, int64_t prefetch_count, int64_t prefetch_bytes);
+// acc_r += sum_i p[r * p_stride + i] * v_i (f32 weights, V rows of v_dtype
+// as in WideLogits); acc rows in the order of WideQIndex.
+void WidePv(DType v_dtype, const float* p, int64_t p_stride, int64_t rows,
+            const void* const* v_rows, int64_t tokens, int64_t head_dim, float* acc,
+            int64_t acc_stride, const void* const* prefetch_rows, int64_t prefetch_count,
+            int64_t prefetch_bytes);
 // Where dimension d lives on the widening path: within each 32-dimension
 // chunk, the even dimensions first, then the odd ones.
 inline int64_t WideQIndex(int64_t d) {
