@@ -208,8 +208,9 @@ PagedCase MakeCase(Input& in) {
   for (int64_t i = 0; i < c.kv_heads * c.pages * c.page_size * c.head_dim; ++i) c.k.Store(i, normal.Next());
   for (int64_t i = 0; i < cache; ++i) c.v.Store(i, normal.Next());
   if (c.nan_mode) {
-    const bool nan_only = (o.attn_logits_soft_cap || c.kv_dtype == DType::kBF16) &&
-                          KnownFinding("inf_bf16_path");  // F3.
+    const bool nan_only = KnownFinding("inf_input") ||  // F7.
+                          ((o.attn_logits_soft_cap || c.kv_dtype == DType::kBF16) &&
+                           KnownFinding("inf_bf16_path"));  // F3.
     const float kValues[] = {NAN, nan_only ? NAN : INFINITY, nan_only ? NAN : -INFINITY};
     for (int n = in.Byte() % 4; n > 0; --n) {
       Buffer& b = in.Byte() % 3 == 0 ? c.q : (in.Byte() & 1 ? c.k : c.v);

@@ -186,11 +186,13 @@ void FillData(RaggedCase& c, uint64_t seed) {
 // so masked-block skipping (SPEC §1) cannot make the kernel and the
 // reference differ.
 void InjectNonFinite(Input& in, RaggedCase& c) {
-  // RPA_FUZZ_KNOWN=inf_bf16_path looks past the open finding F3 (an
-  // infinite q or K on the bf16 dot path, or under a soft cap, gives NaN
-  // logits): then only NaN goes in there.
-  const bool nan_only = (c.options.soft_cap || c.kv_dtype == DType::kBF16) &&
-                        KnownFinding("inf_bf16_path");
+  // RPA_FUZZ_KNOWN=inf_bf16_path looks past the fixed finding F3 (an
+  // infinite q or K on the bf16 dot path, or under a soft cap, gave NaN
+  // logits), inf_input past the open F7 (an infinite q or K on other paths
+  // can still end finite where the reference is NaN): then only NaN goes in.
+  const bool nan_only = KnownFinding("inf_input") ||
+                        ((c.options.soft_cap || c.kv_dtype == DType::kBF16) &&
+                         KnownFinding("inf_bf16_path"));
   const float kValues[] = {NAN, nan_only ? NAN : INFINITY, nan_only ? NAN : -INFINITY};
   for (int k = in.Byte() % 3; k > 0; --k) {  // Into q, anywhere.
     const int64_t elems = c.num_tokens * QTokenStride(c);
