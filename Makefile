@@ -7,8 +7,7 @@ FUZZ_BUILD ?= build-fuzz
 JOBS ?= $(shell nproc)
 PYTHON ?= /usr/bin/python3
 CMAKE_FLAGS ?=
-# Fuzzing (docs/robustness.md): seconds per fuzzer for `make fuzz`, and the
-# open findings the runs look past (RPA_FUZZ_KNOWN; empty to hit them).
+# Fuzzing (docs/robustness.md): seconds per fuzzer for `make fuzz`.
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS ?=
 FUZZ_WORK_CORPUS ?= $(FUZZ_BUILD)/corpus
@@ -18,8 +17,6 @@ FUZZ_WORK_CORPUS ?= $(FUZZ_BUILD)/corpus
 # Open-ended search is `make fuzz`.
 TEST_FUZZ_RUNS ?= 20000
 TEST_FUZZ_SECONDS ?= 120
-# inf_input: finding F7 (docs/robustness.md), open.
-FUZZ_KNOWN ?= inf_input
 FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
 TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:Concurrency*
@@ -78,7 +75,7 @@ fuzz: setup fuzz-build
 	@set -e; for f in $(FUZZERS); do \
 	  mkdir -p $(FUZZ_WORK_CORPUS)/$$f $(FUZZ_BUILD)/findings; \
 	  echo "fuzz: $$f for $(FUZZ_SECONDS) s"; \
-	  RPA_FUZZ_KNOWN=$(FUZZ_KNOWN) ./$(FUZZ_BUILD)/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) \
+	  ./$(FUZZ_BUILD)/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) \
 	    $(FUZZ_FLAGS) -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
 	    -artifact_prefix=$(FUZZ_BUILD)/findings/$$f- \
 	    $(FUZZ_WORK_CORPUS)/$$f fuzz/corpus/$$f > $(FUZZ_BUILD)/findings/$$f.log 2>&1 \

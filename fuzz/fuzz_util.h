@@ -130,23 +130,9 @@ inline double OutputUlp(DType dtype) {
   }
 }
 
-// RPA_FUZZ_KNOWN=nan_dropped tolerates the open finding F1 of
-// docs/robustness.md (a NaN logit is dropped: the kernel writes 0 or a
-// finite value where the reference has NaN), so a run can look past it for
-// other findings. NaN where the reference is finite still fails.
-inline bool KnownFinding(const char* name) {
-  const char* known = std::getenv("RPA_FUZZ_KNOWN");
-  return known != nullptr && std::strstr(known, name) != nullptr;
-}
-inline bool TolerateNanDropped() {
-  static const bool tolerate = KnownFinding("nan_dropped");
-  return tolerate;
-}
-
 // Whether `got` matches `want` within abs_tol + rel_tol * |want|, NaN where
 // the reference has NaN and infinities of the same sign.
 inline bool Close(double got, double want, double abs_tol, double rel_tol) {
-  if (std::isnan(want) && TolerateNanDropped()) return true;
   if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
   if (std::isinf(want) || std::isinf(got)) return got == want;
   return std::fabs(got - want) <= abs_tol + rel_tol * std::fabs(want);

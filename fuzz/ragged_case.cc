@@ -33,10 +33,9 @@ void ChooseOptions(Input& in, bool raw, RaggedCase& c) {
   o.sm_scale = raw ? in.F64() : (in.Unit() * 4.0 - 2.0) * inv_sqrt_d;
   if (in.Byte() % 4 == 0) {
     o.sliding_window = raw ? in.I64() : int64_t{in.Meta(1, 40)};
-    // Windows beyond int32 (valid: no key is outside them), unless
-    // RPA_FUZZ_KNOWN=window_int32 looks past the open finding F2.
+    // Windows beyond int32 (valid: no key is outside them; finding F2).
     const uint8_t w = in.Byte();
-    if (!raw && w >= 240 && !KnownFinding("window_int32")) {
+    if (!raw && w >= 240) {
       o.sliding_window = w == 255 ? INT64_MAX : (int64_t{1} << 32) + (w - 240);
     }
   }
@@ -60,14 +59,7 @@ void ChooseOptions(Input& in, bool raw, RaggedCase& c) {
   if (in.Byte() % 3 == 0) o.k_scale = scale();
   if (in.Byte() % 3 == 0) o.v_scale = scale();
   if (in.Byte() % 3 == 0) o.num_kv_pages_per_block = raw ? in.I64() : in.Meta(1, c.pages_per_seq);
-  if (in.Byte() % 3 == 0) {
-    o.num_queries_per_block = raw ? in.I64() : in.Meta(1, 32);
-    // RPA_FUZZ_KNOWN=huge_q_block looks past the open finding F5 (a huge
-    // num_queries_per_block sizes scratch by it, not by the batch).
-    if (*o.num_queries_per_block > 4096 && KnownFinding("huge_q_block")) {
-      o.num_queries_per_block = c.num_tokens + 1;
-    }
-  }
+  if (in.Byte() % 3 == 0) o.num_queries_per_block = raw ? in.I64() : in.Meta(1, 32);
   if (in.Byte() % 4 == 0) {
     o.vmem_limit_bytes = raw ? in.I64() : int64_t{in.Meta(1, 255)} * (1 + in.Byte() * 64);
   }
@@ -186,19 +178,29 @@ void FillData(RaggedCase& c, uint64_t seed) {
 // so masked-block skipping (SPEC §1) cannot make the kernel and the
 // reference differ.
 void InjectNonFinite(Input& in, RaggedCase& c) {
-  // RPA_FUZZ_KNOWN=inf_bf16_path looks past the fixed finding F3 (an
-  // infinite q or K on the bf16 dot path, or under a soft cap, gave NaN
-  // logits), inf_input past the open F7 (an infinite q or K on other paths
-  // can still end finite where the reference is NaN): then only NaN goes in.
-  const bool nan_only = KnownFinding("inf_input") ||
-                        ((c.options.soft_cap || c.kv_dtype == DType::kBF16) &&
-                         KnownFinding("inf_bf16_path"));
-  const float kValues[] = {NAN, nan_only ? NAN : INFINITY, nan_only ? NAN : -INFINITY};
-  for (int k = in.Byte() % 3; k > 0; --k) {  // Into q, anywhere.
+  const float kValues[] = {NAN, INFINITY, -INFINITY};
+  // An infinite q element gives every key of its row a non-finite logit
+  // (+-inf, or NaN from inf - inf or inf * 0). With mask_value <= -1e4 a
+  // fully masked block of keys may be skipped (SPEC §1), so the kernel may
+  // never see what the reference's additive mask turns into NaN: +-inf only
+  // goes where the row sees every key, or where no key is skipped.
+  const bool masked_may_skip = c.options.mask_value.value_or(kDefaultMaskValue) <= -1e4;
+  auto row_sees_every_key = [&](int64_t token) {
+    const int64_t n = std::clamp<int64_t>(c.num_seqs[0], 0, c.max_num_seqs);
+    for (int64_t i = 0; i < n; ++i) {
+      if (token < c.cu_q_lens[i] || token >= c.cu_q_lens[i + 1]) continue;
+      const int64_t position = int64_t{c.kv_lens[i]} - c.QLen(i) + (token - c.cu_q_lens[i]);
+      const int64_t w = c.options.sliding_window.value_or(0);
+      return position == c.kv_lens[i] - 1 && (w == 0 || w > position);
+    }
+    return true;  // A padding row: never read.
+  };
+  for (int k = in.Byte() % 3; k > 0; --k) {  // Into q: NaN anywhere, +-inf as above.
     const int64_t elems = c.num_tokens * QTokenStride(c);
     if (elems == 0) break;
     const int64_t at = static_cast<int64_t>(in.U32() % elems);
-    const float value = kValues[in.Byte() % 3];
+    float value = kValues[in.Byte() % 3];
+    if (masked_may_skip && !row_sees_every_key(at / QTokenStride(c))) value = NAN;
     c.q.Store(at, value);
     c.injected += " q[flat " + std::to_string(at) + "]=" + std::to_string(value);
   }

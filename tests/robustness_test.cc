@@ -2,7 +2,7 @@
 // with the output untouched, through the combined, split (NHD, HND) and
 // paged_attention entry points; non-finite data propagates like the
 // reference; zero-sized and misaligned views work; concurrent callers get
-// the results of single calls. Open findings are DISABLED_ tests named
+// the results of single calls. Findings are F<n>_ tests named
 // after docs/robustness.md's F-numbers.
 #include <gtest/gtest.h>
 
@@ -145,7 +145,7 @@ TEST(RobustnessTest, PageIndexOutOfRangeIsRejectedEverywhere) {
   for (int32_t bad : {-1, static_cast<int32_t>(base.total_num_pages), kInt32Max, kInt32Min}) {
     SCOPED_TRACE(bad);
     SyntheticBatch b = base;
-    b.page_indices[1 * b.spec.pages_per_seq + 1] = bad;  // Sequence 1 reads column 1.
+    b.page_indices[1 * b.pages_per_seq + 1] = bad;  // Sequence 1 reads column 1.
     ExpectRaggedRejected(b, ErrorKind::kPageIndex, "page index " + std::to_string(bad));
     ExpectRejected(b, ErrorKind::kPageIndex, "paged", [&](const MutableTensorView& out) {
       RunPaged(b, {}, out);
@@ -333,7 +333,7 @@ void ExpectLikeReference(const SyntheticBatch& b, const AttentionOptions& o, dou
 // Element d of K (v = false) or V of kv head h at key t of sequence seq.
 float* KvElement(SyntheticBatch& b, int64_t seq, int64_t t, int64_t h, bool v, int64_t d) {
   const BatchSpec& s = b.spec;
-  const int64_t page = b.page_indices[seq * s.pages_per_seq + t / s.page_size];
+  const int64_t page = b.page_indices[seq * b.pages_per_seq + t / s.page_size];
   const int64_t index = ((page * s.page_size + t % s.page_size) * 2 * s.num_kv_heads +
                          2 * h + (v ? 1 : 0)) * s.head_dim + d;
   return reinterpret_cast<float*>(b.kv_pages.data()) + index;
@@ -391,6 +391,46 @@ TEST(RobustnessTest, F3_InfQueryUnderSoftCapLikeTheReference) {
   RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
                        b.NumSeqs(), o, b.OutView(out));
   EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-2);
+}
+
+// Finding F7 (closed: the skip rule, SPEC §1): +inf and -inf in one q row
+// make inf - inf in q . k. Where the row sees every key, the kernel agrees
+// with the reference on every path: widening (bf16), quantized (int8, a
+// scale folded into the logit scale), Highway (f32), under a soft cap.
+TEST(RobustnessTest, F7_InfinitiesInAQueryThatSeesEveryKeyLikeTheReference) {
+  for (const DType kv : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E5M2}) {
+    SCOPED_TRACE(std::string(ToString(kv)));
+    SyntheticBatch b = SmallBatch({{2, 6}, {1, 9}}, 4, DType::kF32, kv);
+    float* q = reinterpret_cast<float*>(b.q.data());
+    q[1 * 4 * 16 + 0] = -INFINITY;  // Token 1 (position 5 of 6), head 0.
+    q[1 * 4 * 16 + 2] = INFINITY;
+    q[2 * 4 * 16 + 16 + 3] = INFINITY;  // Token 2 (position 8 of 9), head 1.
+    AttentionOptions o;
+    o.soft_cap = 5.0;
+    o.k_scale = 1.0 / 256;
+    ExpectLikeReference(b, o, 5e-2);
+    o.soft_cap.reset();
+    ExpectLikeReference(b, o, 5e-2);
+  }
+}
+
+// Finding F8 (fixed): a row that masks no key (decode) whose every logit is
+// -inf is NaN in the reference (exp(-inf - -inf)); under a finite mask_value
+// <= -1e4 the kernel wrote 0, as if masked keys had been skipped.
+TEST(RobustnessTest, F8_EveryLogitMinusInfInADecodeRowIsNan) {
+  SyntheticBatch b = SmallBatch({{2, 6}, {1, 9}});
+  reinterpret_cast<float*>(b.q.data())[2 * 4 * 16 + 5] = INFINITY;  // Token 2, head 0.
+  for (int64_t t = 0; t < 9; ++t) *KvElement(b, 1, t, 0, /*v=*/false, 5) = -1.0f;
+  ExpectLikeReference(b, {}, 1e-5);  // mask_value: JAX's finite default.
+  PagedAttentionOptions o;
+  const SyntheticBatch decode = DecodeBatch();
+  SyntheticBatch d = decode;
+  reinterpret_cast<float*>(d.q.data())[1 * 4 * 16 + 5] = INFINITY;  // Row 1, head 0.
+  for (int64_t t = 0; t < 9; ++t) *KvElement(d, 1, t, 0, /*v=*/false, 5) = -1.0f;
+  std::vector<uint8_t> out = d.NewOutput();
+  RunPaged(d, o, d.OutView(out));
+  const float* row = reinterpret_cast<const float*>(out.data()) + 1 * 4 * 16;
+  for (int64_t i = 0; i < 16; ++i) EXPECT_TRUE(std::isnan(row[i])) << i << ": " << row[i];
 }
 
 // Finding F2 (fixed): a sliding window beyond INT32_MAX (valid: it masks

@@ -31,6 +31,7 @@ SyntheticBatch MakeSyntheticBatch(const BatchSpec& spec) {
     total_q += s.q_len;
   }
   const int64_t pages_per_seq = std::max(spec.pages_per_seq, longest);
+  b.pages_per_seq = pages_per_seq;
   b.total_num_pages = pages_needed + spec.spare_pages;
   b.num_tokens = std::max(spec.max_num_batched_tokens, total_q);
 

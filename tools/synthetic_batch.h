@@ -40,6 +40,7 @@ struct SyntheticBatch {
   BatchSpec spec;
   int64_t total_num_pages = 0;
   int64_t num_tokens = 0;
+  int64_t pages_per_seq = 0;  // spec.pages_per_seq, or what the longest sequence needs.
   std::vector<uint8_t> q;         // [num_tokens, num_q_heads, head_dim]
   std::vector<uint8_t> kv_pages;  // [total_num_pages, page_size, 2 * num_kv_heads, head_dim]
   std::vector<int32_t> kv_lens;       // [max_num_seqs]

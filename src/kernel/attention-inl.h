@@ -221,9 +221,10 @@ struct SoftmaxParams {
 };
 
 // Turns row r's logits S[0, n) of keys [t0, t0 + n) into weights in place
-// and updates m, l and the accumulator row. pos: the row's query position.
-HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t t0, int64_t n,
-                           int64_t n_pad, float* s, float* m, float* l, float* acc,
+// and updates m, l and the accumulator row. pos: the row's query position;
+// kv_len: its sequence's keys.
+HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t kv_len, int64_t t0,
+                           int64_t n, int64_t n_pad, float* s, float* m, float* l, float* acc,
                            int64_t dim_pad) {
   const DF df;
   const hn::RebindToSigned<DF> di;
@@ -284,14 +285,15 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, int64_t pos, int64_t t0, int
     // is then -inf too, its output is exp(-inf - -inf) = NaN, unless a later
     // key is finite: l = -0 marks that (checked at the end). That is so when
     // every key takes part (an additive mask_value: masked keys are logit +
-    // mask_value, -inf here too) or, with masked keys vanishing, when
-    // mask_value is -inf and a visible key was in the tile. (A finite
-    // mask_value <= -1e4 would make the reference weigh the masked keys
-    // instead; those may be skipped, SPEC §1.)
+    // mask_value, -inf here too) or, with masked keys vanishing, when a
+    // visible key was in the tile and either mask_value is -inf or the row
+    // masks no key at all. (Otherwise a finite mask_value <= -1e4 makes the
+    // reference weigh the masked keys instead; those may be skipped, SPEC §1.)
     const int64_t first = sp.window > 0 ? std::max(t0, pos - sp.window + 1) : t0;
     const bool visible = std::min(t0 + n - 1, pos) >= first;
+    const bool masks_none = pos == kv_len - 1 && (sp.window == 0 || sp.window > pos);
     if ((!sp.vanish && n > 0) ||
-        (visible && sp.mask_value == -std::numeric_limits<float>::infinity())) {
+        (visible && (masks_none || sp.mask_value == -std::numeric_limits<float>::infinity()))) {
       *l = -0.0f;
     }
     for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;
@@ -559,7 +561,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       }
       for (int64_t r = r0; r < r0 + rows_per_head; ++r) {
         const int64_t pos = kv_len - q_len + task.q_begin + (r - r0) / G;
-        SoftmaxRow(sp, pos, t0, n, n_pad, ws.s + r * s_stride, ws.m + r, ws.l + r,
+        SoftmaxRow(sp, pos, kv_len, t0, n, n_pad, ws.s + r * s_stride, ws.m + r, ws.l + r,
                    ws.acc + r * dim_pad, dim_pad);
       }
       if (wide_path) {
