@@ -80,6 +80,7 @@ size_t LayoutScratch(const Plan& plan, const AttentionProblem& problem, float* b
   s.kv_bf16 = SizeOf(problem.kv_dtype) == 1
                   ? reinterpret_cast<uint16_t*>(take(token_pad * dim_pad / 2))
                   : nullptr;
+  s.packed = take(RoundUp(plan.kv_block, kPackedTokenAlign) * dim_pad);
   s.k_next = reinterpret_cast<const void**>(take(token_pad * 2));
   s.v_next = reinterpret_cast<const void**>(take(token_pad * 2));
   s.k_base = reinterpret_cast<const uint8_t**>(take(token_pad * 4));

@@ -28,6 +28,7 @@ int64_t ScratchBytes(const AttentionProblem& problem, int64_t q_tile, int64_t kv
   int64_t floats = rows * dim_pad * 4  // q, q_hi + q_lo, q_eo, acc.
                    + rows * token_pad + 2 * RoundUp(rows, 16) + 16 * token_pad;  // Pointers.
   if (SizeOf(problem.kv_dtype) == 1) floats += token_pad * dim_pad / 2;  // bf16 rows.
+  floats += RoundUp(kv_block, kPackedTokenAlign) * dim_pad;               // A packed tile.
   return floats * 4;
 }
 

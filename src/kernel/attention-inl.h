@@ -201,6 +201,222 @@ HWY_NOINLINE void Pv(const float* p, int64_t p_stride, int64_t rows, const void*
   }
 }
 
+// ---- Packed tiles: many rows per kv head (prefill, chunked prefill).
+// With R rows sharing a KV tile, converting the tile to f32 once (K
+// transposed, V as is) costs about 1/R of the products, and both products
+// become register-blocked outer products: kPackedRows rows x 2 vectors of
+// keys (or dimensions) per block, one broadcast per row and step, no
+// horizontal sums and no conversion inside the loops. Few rows (decode)
+// keep the loops above, which convert K/V in registers.
+inline constexpr int64_t kPackedMinRows = 32;
+inline constexpr int kPackedRows = HWY_MAX_BYTES >= 64 ? 8 : 4;  // 16 or 8 accumulators.
+static_assert(2 * HWY_MAX_BYTES / sizeof(float) <= kPackedTokenAlign, "packed K tile padding");
+
+// An L x L transpose (L = Lanes): v[j] lane c becomes v[c] lane j.
+HWY_INLINE void TransposeSquare(VF* v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // 16 x 16 in three stages of 16 shuffles-or-so each: pairs of rows
+  // interleaved by element, then by element pair (a 4 x 4 transpose in each
+  // 128-bit lane), then the 128-bit lanes themselves.
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(v[2 * i].raw, v[2 * i + 1].raw);
+    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i].raw, v[2 * i + 1].raw);
+  }
+  auto pd = [](__m512 x) HWY_ATTR { return _mm512_castps_pd(x); };
+  auto ps = [](__m512d x) HWY_ATTR { return _mm512_castpd_ps(x); };
+  for (int g = 0; g < 4; ++g) {  // u[4g + k], lane L: rows 4g..4g+3 of column 4L + k.
+    u[4 * g + 0] = ps(_mm512_unpacklo_pd(pd(t[4 * g]), pd(t[4 * g + 2])));
+    u[4 * g + 1] = ps(_mm512_unpackhi_pd(pd(t[4 * g]), pd(t[4 * g + 2])));
+    u[4 * g + 2] = ps(_mm512_unpacklo_pd(pd(t[4 * g + 1]), pd(t[4 * g + 3])));
+    u[4 * g + 3] = ps(_mm512_unpackhi_pd(pd(t[4 * g + 1]), pd(t[4 * g + 3])));
+  }
+  for (int k = 0; k < 4; ++k) {  // Column 4L + k takes lane L of u[k], u[4+k], u[8+k], u[12+k].
+    const __m512 a = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44);       // k.L0 k.L1 4k.L0 4k.L1
+    const __m512 b = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);       // ... L2 L3
+    const __m512 c = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44);
+    const __m512 d = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+    v[k].raw = _mm512_shuffle_f32x4(a, c, 0x88);
+    v[4 + k].raw = _mm512_shuffle_f32x4(a, c, 0xDD);
+    v[8 + k].raw = _mm512_shuffle_f32x4(b, d, 0x88);
+    v[12 + k].raw = _mm512_shuffle_f32x4(b, d, 0xDD);
+  }
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(v[2 * i].raw, v[2 * i + 1].raw);
+    t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i].raw, v[2 * i + 1].raw);
+  }
+  auto pd = [](__m256 x) HWY_ATTR { return _mm256_castps_pd(x); };
+  auto ps = [](__m256d x) HWY_ATTR { return _mm256_castpd_ps(x); };
+  for (int g = 0; g < 2; ++g) {
+    u[4 * g + 0] = ps(_mm256_unpacklo_pd(pd(t[4 * g]), pd(t[4 * g + 2])));
+    u[4 * g + 1] = ps(_mm256_unpackhi_pd(pd(t[4 * g]), pd(t[4 * g + 2])));
+    u[4 * g + 2] = ps(_mm256_unpacklo_pd(pd(t[4 * g + 1]), pd(t[4 * g + 3])));
+    u[4 * g + 3] = ps(_mm256_unpackhi_pd(pd(t[4 * g + 1]), pd(t[4 * g + 3])));
+  }
+  for (int k = 0; k < 4; ++k) {
+    v[k].raw = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+    v[4 + k].raw = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+  }
+#else  // 4 lanes (SSE4, NEON): through memory.
+  const DF df;
+  constexpr size_t kL = HWY_MAX_BYTES / sizeof(float);
+  HWY_ALIGN float m[kL * kL];
+  const size_t lanes = hn::Lanes(df);
+  for (size_t j = 0; j < lanes; ++j) hn::Store(v[j], df, m + j * lanes);
+  for (size_t c = 0; c < lanes; ++c) {
+    HWY_ALIGN float col[kL];
+    for (size_t j = 0; j < lanes; ++j) col[j] = m[j * lanes + c];
+    v[c] = hn::Load(df, col);
+  }
+#endif
+}
+
+// kt[d * kt_stride + i] = f32 of k_i[d] for i < n, d < head_dim; keys
+// [n, RoundUp(n, 2 * Lanes)) are zero. Lanes x Lanes blocks are transposed
+// in registers, so every store is a whole vector of kt.
+template <typename T>
+HWY_NOINLINE void PackKeysTransposed(const void* const* k_rows, int64_t n, int64_t head_dim,
+                                     float* kt, int64_t kt_stride) {
+  const DF df;
+  constexpr int64_t kL = HWY_MAX_BYTES / sizeof(float);
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t n_pad = RoundUp(n, 2 * lanes);
+  for (int64_t i0 = 0; i0 < n_pad; i0 += lanes) {
+    const int64_t keys = std::clamp<int64_t>(n - i0, 0, lanes);
+    for (int64_t d0 = 0; d0 < head_dim; d0 += lanes) {
+      const int64_t dims = std::min(lanes, head_dim - d0);
+      VF v[kL];
+      for (int64_t j = 0; j < lanes; ++j) {
+        const T* k = j < keys ? static_cast<const T*>(k_rows[i0 + j]) + d0 : nullptr;
+        v[j] = k == nullptr    ? hn::Zero(df)
+               : dims == lanes ? LoadF32(df, k)
+                               : LoadF32Tail(df, k, static_cast<size_t>(dims));
+      }
+      TransposeSquare(v);
+      for (int64_t c = 0; c < dims; ++c) hn::StoreU(v[c], df, kt + (d0 + c) * kt_stride + i0);
+    }
+  }
+}
+
+// vp[i * dim_pad + d] = f32 of v_i[d], zero for d in [head_dim, dim_pad).
+template <typename T>
+HWY_NOINLINE void PackValues(const void* const* v_rows, int64_t n, int64_t head_dim,
+                             float* vp, int64_t dim_pad) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t i = 0; i < n; ++i) {
+    const T* v = static_cast<const T*>(v_rows[i]);
+    float* row = vp + i * dim_pad;
+    for (int64_t d = 0; d < dim_pad; d += lanes) {
+      const int64_t count = std::clamp<int64_t>(head_dim - d, 0, lanes);
+      hn::StoreU(count == lanes ? LoadF32(df, v + d)
+                 : count > 0    ? LoadF32Tail(df, v + d, static_cast<size_t>(count))
+                                : hn::Zero(df),
+                 df, row + d);
+    }
+  }
+}
+
+// S[r][j] = q_r . k_j for kRows rows and the 2 * Lanes keys [0, keys) of kt.
+template <int kRows>
+HWY_INLINE void PackedLogitsBlock(const float* q, int64_t q_stride, const float* kt,
+                                  int64_t kt_stride, int64_t head_dim, int64_t keys, float* s,
+                                  int64_t s_stride) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  VF a0[kRows], a1[kRows];
+  for (int r = 0; r < kRows; ++r) a0[r] = a1[r] = hn::Zero(df);
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const VF k0 = hn::LoadU(df, kt + d * kt_stride);
+    const VF k1 = hn::LoadU(df, kt + d * kt_stride + lanes);
+    for (int r = 0; r < kRows; ++r) {
+      const VF qv = hn::Set(df, q[r * q_stride + d]);
+      a0[r] = hn::MulAdd(qv, k0, a0[r]);
+      a1[r] = hn::MulAdd(qv, k1, a1[r]);
+    }
+  }
+  HWY_ALIGN float tail[128];  // 2 x the most f32 lanes of any target here.
+  for (int r = 0; r < kRows; ++r) {
+    float* row = s + r * s_stride;
+    if (keys == 2 * lanes) {
+      hn::StoreU(a0[r], df, row);
+      hn::StoreU(a1[r], df, row + lanes);
+    } else {  // Rows are token_pad apart: a full store could reach the next.
+      hn::Store(a0[r], df, tail);
+      hn::Store(a1[r], df, tail + lanes);
+      std::copy(tail, tail + keys, row);
+    }
+  }
+}
+
+// acc_r += sum_i p[r][i] * v_i for kRows rows, v packed by PackValues.
+template <int kRows>
+HWY_INLINE void PackedPvBlock(const float* p, int64_t p_stride, const float* vp, int64_t n,
+                              int64_t dim_pad, float* acc, int64_t acc_stride) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t d = 0; d < dim_pad; d += 2 * lanes) {
+    VF a0[kRows], a1[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      a0[r] = hn::LoadU(df, acc + r * acc_stride + d);
+      a1[r] = hn::LoadU(df, acc + r * acc_stride + d + lanes);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const VF v0 = hn::LoadU(df, vp + i * dim_pad + d);
+      const VF v1 = hn::LoadU(df, vp + i * dim_pad + d + lanes);
+      for (int r = 0; r < kRows; ++r) {
+        const VF w = hn::Set(df, p[r * p_stride + i]);
+        a0[r] = hn::MulAdd(w, v0, a0[r]);
+        a1[r] = hn::MulAdd(w, v1, a1[r]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      hn::StoreU(a0[r], df, acc + r * acc_stride + d);
+      hn::StoreU(a1[r], df, acc + r * acc_stride + d + lanes);
+    }
+  }
+}
+
+// Calls block.template operator()<k>(r) for each block of k <= kPackedRows
+// rows [r, r + k) of [0, rows).
+template <class Block>
+HWY_INLINE void ForEachRowBlock(int64_t rows, const Block& block) {
+  int64_t r = 0;
+  for (; r + kPackedRows <= rows; r += kPackedRows) block.template operator()<kPackedRows>(r);
+  switch (rows - r) {
+    case 7: if constexpr (kPackedRows > 7) block.template operator()<7>(r); break;
+    case 6: if constexpr (kPackedRows > 6) block.template operator()<6>(r); break;
+    case 5: if constexpr (kPackedRows > 5) block.template operator()<5>(r); break;
+    case 4: if constexpr (kPackedRows > 4) block.template operator()<4>(r); break;
+    case 3: block.template operator()<3>(r); break;
+    case 2: block.template operator()<2>(r); break;
+    case 1: block.template operator()<1>(r); break;
+    default: break;
+  }
+}
+
+HWY_NOINLINE void PackedLogits(const float* q, int64_t q_stride, int64_t rows, const float* kt,
+                               int64_t kt_stride, int64_t n, int64_t head_dim, float* s,
+                               int64_t s_stride) {
+  const int64_t step = 2 * static_cast<int64_t>(hn::Lanes(DF()));
+  ForEachRowBlock(rows, [&]<int kRows>(int64_t r) HWY_ATTR {
+    for (int64_t j = 0; j < n; j += step) {
+      PackedLogitsBlock<kRows>(q + r * q_stride, q_stride, kt + j, kt_stride, head_dim,
+                               std::min(step, n - j), s + r * s_stride + j, s_stride);
+    }
+  });
+}
+
+HWY_NOINLINE void PackedPv(const float* p, int64_t p_stride, int64_t rows, const float* vp,
+                           int64_t n, int64_t dim_pad, float* acc, int64_t acc_stride) {
+  ForEachRowBlock(rows, [&]<int kRows>(int64_t r) HWY_ATTR {
+    PackedPvBlock<kRows>(p + r * p_stride, p_stride, vp, n, dim_pad, acc + r * acc_stride,
+                         acc_stride);
+  });
+}
+
 // Rounds to the nearest bf16, ties to even (p in [0, 1]: no overflow): the
 // bf16 PV path reads the high halves of these f32s.
 HWY_INLINE VF RoundToBf16(DF df, VF x) {
@@ -351,41 +567,16 @@ inline void FixNanLogits(const float* q, int64_t q_stride, int64_t rows,
   }
 }
 
-inline void LogitsDispatch(DType kv, const float* q, int64_t q_stride, int64_t rows,
-                           const void* const* k_rows, int64_t tokens, int64_t head_dim,
-                           float* s, int64_t s_stride) {
+// Calls fn(T{}) with T the storage tag of K/V dtype kv (see LoadF32).
+template <class Fn>
+HWY_INLINE void VisitKvElem(DType kv, const Fn& fn) {
   switch (kv) {
-    case DType::kF8E4M3FN:
-      return Logits<E4M3Elem>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
-    case DType::kF8E5M2:
-      return Logits<E5M2Elem>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
-    case DType::kI8:
-      return Logits<I8Elem>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
-    case DType::kBF16:
-      return Logits<hwy::bfloat16_t>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
-    case DType::kF16:
-      return Logits<hwy::float16_t>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
-    default:  // f32.
-      return Logits<float>(q, q_stride, rows, k_rows, tokens, head_dim, s, s_stride);
-  }
-}
-
-inline void PvDispatch(DType kv, const float* p, int64_t p_stride, int64_t rows,
-                       const void* const* v_rows, int64_t tokens, int64_t head_dim, float* acc,
-                       int64_t acc_stride) {
-  switch (kv) {
-    case DType::kF8E4M3FN:
-      return Pv<E4M3Elem>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
-    case DType::kF8E5M2:
-      return Pv<E5M2Elem>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
-    case DType::kI8:
-      return Pv<I8Elem>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
-    case DType::kBF16:
-      return Pv<hwy::bfloat16_t>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
-    case DType::kF16:
-      return Pv<hwy::float16_t>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
-    default:
-      return Pv<float>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride);
+    case DType::kF8E4M3FN: return fn(E4M3Elem{});
+    case DType::kF8E5M2: return fn(E5M2Elem{});
+    case DType::kI8: return fn(I8Elem{});
+    case DType::kBF16: return fn(hwy::bfloat16_t{});
+    case DType::kF16: return fn(hwy::float16_t{});
+    default: return fn(float{});
   }
 }
 
@@ -438,8 +629,9 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   const int64_t kv_len = pr.kv_lens[task.seq];
   const bool fp8 = pr.kv_dtype == DType::kF8E4M3FN || pr.kv_dtype == DType::kF8E5M2;
   const bool bf16_kv = pr.kv_dtype == DType::kBF16 || fp8;
-  const bool bf16_path = path == KernelPath::kAvx512Bf16 && bf16_kv;
-  const bool wide_path = path == KernelPath::kAvx512Wide && bf16_kv;
+  const bool packed = rows_per_head >= kPackedMinRows;
+  const bool bf16_path = !packed && path == KernelPath::kAvx512Bf16 && bf16_kv;
+  const bool wide_path = !packed && path == KernelPath::kAvx512Wide && bf16_kv;
   // Widening path, fp8 K/V: with few rows per kv head (decode) each K/V
   // chunk is converted once, in the product loops' registers; with more,
   // every 4-row block would convert it again, so a tile is converted once
@@ -527,6 +719,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       TileRowPointers(pr, pr.v, task.seq, task.kv_head, t1, n_next, v_nb);
     }
     const int64_t n_pad = RoundUp(n, static_cast<int64_t>(hn::Lanes(DF())));
+    const int64_t kt_stride = RoundUp(n, 2 * static_cast<int64_t>(hn::Lanes(DF())));
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t i = 0; i < n; ++i) {
         ws.k_rows[i] = k_cur[i] + h * k_head_bytes;
@@ -556,8 +749,17 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
         }
       } else {
         for (int64_t i = 0; i < n_next; ++i) PrefetchRow(ws.k_next[i], row_bytes);
-        LogitsDispatch(pr.kv_dtype, ws.q + r0 * dim_pad, dim_pad,
-                       rows_per_head, ws.k_rows, n, D, s_h, s_stride);
+        VisitKvElem(pr.kv_dtype, [&](auto tag) HWY_ATTR {
+          using T = decltype(tag);
+          if (packed) {
+            PackKeysTransposed<T>(ws.k_rows, n, D, ws.packed, kt_stride);
+            PackedLogits(ws.q + r0 * dim_pad, dim_pad, rows_per_head, ws.packed, kt_stride, n,
+                         D, s_h, s_stride);
+          } else {
+            Logits<T>(ws.q + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D, s_h,
+                      s_stride);
+          }
+        });
       }
       for (int64_t r = r0; r < r0 + rows_per_head; ++r) {
         const int64_t pos = kv_len - q_len + task.q_begin + (r - r0) / G;
@@ -574,8 +776,15 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
                          ws.v_next, n_next);
       } else {
         for (int64_t i = 0; i < n_next; ++i) PrefetchRow(ws.v_next[i], row_bytes);
-        PvDispatch(pr.kv_dtype, s_h, s_stride, rows_per_head,
-                   ws.v_rows, n, D, acc_h, dim_pad);
+        VisitKvElem(pr.kv_dtype, [&](auto tag) HWY_ATTR {
+          using T = decltype(tag);
+          if (packed) {
+            PackValues<T>(ws.v_rows, n, D, ws.packed, dim_pad);
+            PackedPv(s_h, s_stride, rows_per_head, ws.packed, n, dim_pad, acc_h, dim_pad);
+          } else {
+            Pv<T>(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad);
+          }
+        });
       }
     }
     cur = 1 - cur;

@@ -28,6 +28,8 @@ enum class KernelPath : uint8_t {
 // widest vector (16 f32 / 32 bf16) then never needs a tail inside scratch.
 inline constexpr int64_t kTokenAlign = 16;
 inline constexpr int64_t kDimAlign = 32;
+// Keys of a packed K tile are padded to twice the widest vector.
+inline constexpr int64_t kPackedTokenAlign = 32;
 
 inline int64_t RoundUp(int64_t x, int64_t align) { return (x + align - 1) / align * align; }
 
@@ -65,6 +67,9 @@ struct WorkerScratch {
   const void** k_rows = nullptr;  // [token_pad] K row of each tile key.
   const void** v_rows = nullptr;  // [token_pad] V row of each tile key.
   uint16_t* kv_bf16 = nullptr;    // [token_pad, dim_pad] 8-bit float K or V as bf16.
+  // A packed tile (kPackedMinRows or more rows per kv head): K transposed,
+  // [dim_pad, RoundUp(n, 2 * lanes)], then V, [n, dim_pad], as f32.
+  float* packed = nullptr;
   const void** k_next = nullptr;  // [token_pad] K rows of the next tile (prefetch).
   const void** v_next = nullptr;  // [token_pad] V rows of the next tile.
   // [2][token_pad] each: kv head task.kv_head's K / V row of each key of the
