@@ -107,6 +107,21 @@ HWY_INLINE VF LoadF32Tail(DF df, const T* p, size_t count) {
   return LoadF32(df, buf);
 }
 
+// dst[d] = f32 of src[d] for d < count, 0 for d in [count, count_pad);
+// count_pad is a multiple of Lanes.
+template <typename T>
+HWY_INLINE void RowToF32(const T* src, int64_t count, int64_t count_pad, float* dst) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t d = 0; d < count_pad; d += lanes) {
+    const int64_t left = std::clamp<int64_t>(count - d, 0, lanes);
+    hn::StoreU(left == lanes ? LoadF32(df, src + d)
+               : left > 0    ? LoadF32Tail(df, src + d, static_cast<size_t>(left))
+                             : hn::Zero(df),
+               df, dst + d);
+  }
+}
+
 // S[r][t] = dot(q_r, k_t) for kRows rows. q rows are zero padded to
 // dim_pad >= RoundUp(head_dim, Lanes).
 template <int kRows, typename T>
@@ -304,18 +319,8 @@ HWY_NOINLINE void PackKeysTransposed(const void* const* k_rows, int64_t n, int64
 template <typename T>
 HWY_NOINLINE void PackValues(const void* const* v_rows, int64_t n, int64_t head_dim,
                              float* vp, int64_t dim_pad) {
-  const DF df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t i = 0; i < n; ++i) {
-    const T* v = static_cast<const T*>(v_rows[i]);
-    float* row = vp + i * dim_pad;
-    for (int64_t d = 0; d < dim_pad; d += lanes) {
-      const int64_t count = std::clamp<int64_t>(head_dim - d, 0, lanes);
-      hn::StoreU(count == lanes ? LoadF32(df, v + d)
-                 : count > 0    ? LoadF32Tail(df, v + d, static_cast<size_t>(count))
-                                : hn::Zero(df),
-                 df, row + d);
-    }
+    RowToF32(static_cast<const T*>(v_rows[i]), head_dim, dim_pad, vp + i * dim_pad);
   }
 }
 
@@ -580,6 +585,14 @@ HWY_INLINE void VisitKvElem(DType kv, const Fn& fn) {
   }
 }
 
+// A row of `dtype` (f32, bf16 or f16 q; any K/V dtype) as f32 (RowToF32).
+inline void LoadRowF32(DType dtype, const void* row, int64_t count, int64_t count_pad,
+                       float* dst) {
+  VisitKvElem(dtype, [&](auto tag) HWY_ATTR {
+    RowToF32(static_cast<const decltype(tag)*>(row), count, count_pad, dst);
+  });
+}
+
 inline const uint8_t* ElementPtr(const void* base, DType dtype, int64_t offset) {
   return static_cast<const uint8_t*>(base) + offset * static_cast<int64_t>(SizeOf(dtype));
 }
@@ -647,8 +660,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t offset = token_of(r) * pr.q_token_stride + head_of(r) * pr.q_head_stride;
     float* q = ws.q + r * dim_pad;
-    for (int64_t d = 0; d < D; ++d) q[d] = LoadAsF32(pr.q_dtype, pr.q, offset + d);
-    for (int64_t d = D; d < dim_pad; ++d) q[d] = 0.0f;
+    LoadRowF32(pr.q_dtype, ElementPtr(pr.q, pr.q_dtype, offset), D, dim_pad, q);
     if (bf16_path) {
       for (int64_t d = 0; d < dim_pad; ++d) {
         const BF16 hi = BF16FromF32(q[d]);
