@@ -145,7 +145,8 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
       if (m != -std::numeric_limits<float>::infinity()) {
         for (int32_t c = 0; c < group.num_tasks; ++c) {
           const float* part = partials + plan.tasks[group.first_task + c].partial_offset;
-          if (part[r] == -std::numeric_limits<float>::infinity()) continue;
+          // A chunk whose logits were all -inf has weight 0, but its acc is
+          // NaN where a V element is infinite (0 * inf), as in the reference.
           const float w = std::exp(part[r] - m);
           l += w * part[rows + r];
           const float* acc = part + 2 * rows + r * dim_pad + d0;

@@ -433,6 +433,25 @@ TEST(RobustnessTest, F8_EveryLogitMinusInfInADecodeRowIsNan) {
   for (int64_t i = 0; i < 16; ++i) EXPECT_TRUE(std::isnan(row[i])) << i << ": " << row[i];
 }
 
+// Finding F9 (fixed): a key of logit -inf has weight 0, and 0 * inf is NaN
+// where its V is infinite; the flash-decoding merge skipped every chunk
+// whose logits were all -inf, and with it that NaN.
+TEST(RobustnessTest, F9_InfValueUnderMinusInfLogitInASplitChunkIsNan) {
+  SyntheticBatch b = SmallBatch({{1, 200}});
+  reinterpret_cast<float*>(b.q.data())[5] = 1.0f;  // Token 0, head 0.
+  // Keys 0-99: logit -inf for head 0, so the first chunks see nothing else.
+  for (int64_t t = 0; t < 100; ++t) *KvElement(b, 0, t, 0, /*v=*/false, 5) = -INFINITY;
+  *KvElement(b, 0, 10, 0, /*v=*/true, 3) = INFINITY;
+  AttentionOptions o;
+  o.num_threads = 4;  // 1 task of 200 keys: split into chunks.
+  o.num_kv_pages_per_block = 1;
+  ExpectLikeReference(b, o, 1e-5);
+  std::vector<uint8_t> out = b.NewOutput();
+  RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
+                       b.NumSeqs(), o, b.OutView(out));
+  EXPECT_TRUE(std::isnan(reinterpret_cast<const float*>(out.data())[3]));
+}
+
 // Finding F2 (fixed): a sliding window beyond INT32_MAX (valid: it masks
 // nothing) was truncated to 32 bits in the kernel and masked every key.
 TEST(RobustnessTest, F2_SlidingWindowBeyondInt32MasksNothing) {
