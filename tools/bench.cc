@@ -49,6 +49,7 @@ double Median(std::vector<double> v) {
 struct BenchArgs {
   bool json = false;
   bool quick = false;
+  bool hot = false;
   std::vector<std::string> only;
   int threads = 0;  // 0: all cores.
 };
@@ -155,6 +156,7 @@ struct Result {
   int threads = 1;
   double ms = 0, tokens_per_s = 0, gbs = 0, gflops = 0, roofline_ms = 0, frac = 0;
   double naive_ms = 0, speedup = 0;
+  double hot_ms = 0;  // --hot: every page index 0, K/V in the core's caches.
   const char* bound = "";
   int copies = 0, reps = 0, naive_sample = 1;
   double kv_bytes = 0, flops = 0;
@@ -167,7 +169,8 @@ void Progress(const std::string& line) {
 }
 
 std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, int all_threads,
-                                bool quick, int index, int total) {
+                                const BenchArgs& args, int index, int total) {
+  const bool quick = args.quick;
   BatchSpec spec;
   spec.num_q_heads = 32;
   spec.num_kv_heads = 8;
@@ -219,14 +222,32 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
     };
     for (int i = 0; i < std::min(copies, 3); ++i) call();  // Warm up: threads, scratch.
     std::vector<double> times;
-    const double budget = quick ? 0.3 : 1.5;
-    const auto start = Clock::now();
-    while (times.size() < static_cast<size_t>(quick ? 5 : 11) ||
-           (Seconds(start, Clock::now()) < budget && times.size() < 400)) {
-      const auto t0 = Clock::now();
-      call();
-      times.push_back(Seconds(t0, Clock::now()));
+    auto time_calls = [&](const auto& fn) {
+      times.clear();
+      const double budget = quick ? 0.3 : 1.5;
+      const auto start = Clock::now();
+      while (times.size() < static_cast<size_t>(quick ? 5 : 11) ||
+             (Seconds(start, Clock::now()) < budget && times.size() < 400)) {
+        const auto t0 = Clock::now();
+        fn();
+        times.push_back(Seconds(t0, Clock::now()));
+      }
+      return Median(times);
+    };
+    // --hot: the same call with every page index 0, so K/V come from the
+    // caches: the kernel's time without memory, i.e. its arithmetic.
+    double hot_s = 0;
+    if (args.hot) {
+      const std::vector<int32_t> page_zero(batch.page_indices.size(), 0);
+      const TensorView pages_view = batch.PageIndices();
+      const TensorView hot_pages(page_zero.data(), DType::kI32,
+                                 {pages_view.shape[0], pages_view.shape[1]});
+      hot_s = time_calls([&] {
+        RaggedPagedAttention(batch.Q(), kv_view, batch.KvLens(), hot_pages, batch.CuQLens(),
+                             batch.NumSeqs(), options, batch.OutView(out));
+      });
     }
+    const double s = time_calls(call);
     Result r;
     r.name = w.name;
     r.threads = threads;
@@ -234,8 +255,8 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
     r.reps = static_cast<int>(times.size());
     r.flops = flops;
     r.kv_bytes = kv_bytes;
-    const double s = Median(times);
     r.ms = s * 1e3;
+    r.hot_ms = hot_s * 1e3;
     r.tokens_per_s = batch.TotalQTokens() / s;
     r.gbs = kv_bytes / s * 1e-9;
     r.gflops = flops / s * 1e-9;
@@ -284,10 +305,12 @@ void PrintJson(const MachineLimits& limits, int threads, const std::vector<Resul
                 "\"speedup_vs_naive\": %.1f, \"tokens_per_s\": %.1f, \"kv_gbs\": %.2f, "
                 "\"gflops\": %.1f, \"roofline_ms\": %.4f, \"bound\": \"%s\", \"naive_ms\": %.2f, "
                 "\"naive_row_sample\": %d, \"kv_bytes\": %.0f, \"flops\": %.0f, "
-                "\"kv_copies\": %d, \"reps\": %d, \"path\": \"%s\"}",
+                "\"kv_copies\": %d, \"reps\": %d, \"path\": \"%s\"",
                 i ? "," : "", r.name.c_str(), r.threads, r.ms, r.frac, r.speedup,
                 r.tokens_per_s, r.gbs, r.gflops, r.roofline_ms, r.bound, r.naive_ms,
                 r.naive_sample, r.kv_bytes, r.flops, r.copies, r.reps, r.path.c_str());
+    if (r.hot_ms > 0) std::printf(", \"hot_ms\": %.4f", r.hot_ms);
+    std::printf("}");
   }
   std::printf("\n]}\n");
 }
@@ -303,12 +326,16 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
                 limits.bf16_dot_gflops[0], limits.bf16_dot_gflops[1]);
   }
   std::printf("  (measured in %.1f s; each the best of several repetitions)\n", limits.seconds);
-  std::printf("\n%-12s %3s %10s %12s %8s %9s %8s %7s %10s %8s\n", "workload", "thr", "ms",
-              "tokens/s", "KV GB/s", "GFLOP/s", "bound", "frac", "naive ms", "speedup");
+  const bool hot = !results.empty() && results[0].hot_ms > 0;
+  std::printf("\n%-12s %3s %10s %12s %8s %9s %8s %7s %10s %8s%s\n", "workload", "thr", "ms",
+              "tokens/s", "KV GB/s", "GFLOP/s", "bound", "frac", "naive ms", "speedup",
+              hot ? "     hot ms" : "");
   for (const Result& r : results) {
-    std::printf("%-12s %3d %10.3f %12.0f %8.1f %9.1f %8s %7.2f %10.1f %8.1f\n", r.name.c_str(),
+    std::printf("%-12s %3d %10.3f %12.0f %8.1f %9.1f %8s %7.2f %10.1f %8.1f", r.name.c_str(),
                 r.threads, r.ms, r.tokens_per_s, r.gbs, r.gflops, r.bound, r.frac, r.naive_ms,
                 r.speedup);
+    if (hot) std::printf(" %10.3f", r.hot_ms);
+    std::printf("\n");
   }
 }
 
@@ -326,7 +353,7 @@ int RunBench(const BenchArgs& args) {
   std::vector<Result> results;
   for (size_t i = 0; i < workloads.size(); ++i) {
     for (Result& r :
-         RunWorkload(workloads[i], limits, threads, args.quick, static_cast<int>(i) + 1,
+         RunWorkload(workloads[i], limits, threads, args, static_cast<int>(i) + 1,
                      total - 1)) {
       results.push_back(r);
     }
@@ -349,6 +376,9 @@ void AddBenchCommand(CLI::App& app) {
       "bench", "Measure this machine's limits and the kernel against them and a naive baseline");
   bench->add_flag("--json", args->json, "Print one JSON object instead of a table");
   bench->add_flag("--quick", args->quick, "Fewer repetitions: the whole run in about a minute");
+  bench->add_flag("--hot", args->hot,
+                  "Also time each workload with every page index 0 (K/V in the caches): "
+                  "the kernel without memory");
   bench->add_option("--only", args->only, "Workloads to run: decode, decode-fp8, decode-long, prefill, mixed");
   bench->add_option("--threads", args->threads,
                     "Threads for the all-threads runs (0: RPA_NUM_THREADS or all cores)")
