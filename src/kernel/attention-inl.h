@@ -612,13 +612,21 @@ inline void StoreRow(DType dtype, void* dst, const float* src, int64_t count) {
   }
 }
 
-// Fills base[i] with kv head task.kv_head's K (or V) row of key t0 + i.
+// Fills base[i] with kv head task.kv_head's K (or V) row of key t0 + i,
+// walking the page table page by page (one division per tile, not per key).
 inline void TileRowPointers(const AttentionProblem& pr, const PagesView& pages, int32_t seq,
                             int32_t kv_head, int64_t t0, int64_t n, const uint8_t** base) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = t0 + i;
-    const int64_t page = pr.PageIndex(seq, t / pr.page_size);
-    base[i] = ElementPtr(pages.data, pr.kv_dtype, pages.Offset(page, t % pr.page_size, kv_head));
+  const int64_t elem = static_cast<int64_t>(SizeOf(pr.kv_dtype));
+  int64_t column = t0 / pr.page_size;
+  int64_t slot = t0 % pr.page_size;
+  for (int64_t i = 0; i < n;) {
+    const uint8_t* row = ElementPtr(pages.data, pr.kv_dtype,
+                                    pages.Offset(pr.PageIndex(seq, column), slot, kv_head));
+    const int64_t count = std::min(n - i, pr.page_size - slot);
+    for (int64_t j = 0; j < count; ++j) base[i + j] = row + j * pages.slot_stride * elem;
+    i += count;
+    slot = 0;
+    ++column;
   }
 }
 

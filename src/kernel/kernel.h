@@ -162,11 +162,14 @@ inline int64_t WideQIndex(int64_t d) {
   return (d & ~int64_t{31}) + (i & 1) * 16 + (i >> 1);
 }
 
-// Prefetches the `bytes` bytes at p into L2.
+// Prefetches the cache lines of the `bytes` bytes at p into L2.
 inline void PrefetchRow(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
-  __builtin_prefetch(c + bytes - 1, 0, 2);  // A row not starting on a line.
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes) - 1) &
+                         ~uintptr_t{63};
+  for (uintptr_t line = first; line <= last; line += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
+  }
 }
 
 // Where dimension d lives in a Bf16AccumulatePV accumulator row: within each
