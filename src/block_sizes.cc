@@ -125,45 +125,6 @@ std::string Describe(const BlockSizeConfig& c) {
                 ", max_model_len ", c.max_model_len, ")");
 }
 
-// Clamps pages into [1, pages_per_seq] and queries to >= 1, then shrinks
-// both until one worker's scratch fits vmem_limit_bytes.
-BlockSizes Fit(const BlockSizeConfig& config, BlockSizes sizes, std::optional<int64_t> vmem,
-               std::string& note) {
-  const int64_t pages_per_seq = std::max<int64_t>(config.PagesPerSeq(), 1);
-  if (sizes.num_kv_pages_per_block > pages_per_seq) {
-    note += StrCat("; clamped ", sizes.num_kv_pages_per_block, " pages to pages_per_seq=",
-                   pages_per_seq);
-  }
-  sizes.num_kv_pages_per_block = std::clamp<int64_t>(sizes.num_kv_pages_per_block, 1, pages_per_seq);
-  sizes.num_queries_per_block = std::max<int64_t>(sizes.num_queries_per_block, 1);
-  if (!vmem) return sizes;
-  AttentionProblem shape;
-  shape.num_q_heads = config.num_q_heads;
-  shape.num_kv_heads = std::max<int64_t>(config.num_kv_heads, 1);
-  shape.head_dim = config.head_dim;
-  shape.kv_dtype = config.kv_dtype;
-  auto bytes = [&] {
-    return ScratchBytes(shape, sizes.num_queries_per_block,
-                        sizes.num_kv_pages_per_block * config.page_size);
-  };
-  const BlockSizes before = sizes;
-  while (bytes() > *vmem) {
-    if (sizes.num_kv_pages_per_block > 1) {
-      sizes.num_kv_pages_per_block = (sizes.num_kv_pages_per_block + 1) / 2 == sizes.num_kv_pages_per_block
-                                         ? sizes.num_kv_pages_per_block - 1
-                                         : (sizes.num_kv_pages_per_block + 1) / 2;
-    } else if (sizes.num_queries_per_block > 1) {
-      sizes.num_queries_per_block /= 2;
-    } else {
-      break;  // The smallest tiles; nothing smaller exists.
-    }
-  }
-  if (!(sizes == before)) {
-    note += StrCat("; shrunk to fit vmem_limit_bytes=", *vmem, " (scratch ", bytes(), " bytes)");
-  }
-  return sizes;
-}
-
 }  // namespace
 
 std::optional<TunedTable> ParseTunedTable(std::string_view text, const std::string& name,
@@ -267,6 +228,44 @@ BlockSizeChoice HeuristicBlockSizes(const BlockSizeConfig& config, const CacheSi
   return choice;
 }
 
+BlockSizes FitBlockSizes(const BlockSizeConfig& config, BlockSizes sizes,
+                         std::optional<int64_t> vmem, std::string& note, bool keep_pages,
+                         bool keep_queries) {
+  const int64_t pages_per_seq = std::max<int64_t>(config.PagesPerSeq(), 1);
+  if (sizes.num_kv_pages_per_block > pages_per_seq) {
+    note += StrCat("; clamped ", sizes.num_kv_pages_per_block, " pages to pages_per_seq=",
+                   pages_per_seq);
+  }
+  sizes.num_kv_pages_per_block = std::clamp<int64_t>(sizes.num_kv_pages_per_block, 1, pages_per_seq);
+  sizes.num_queries_per_block = std::max<int64_t>(sizes.num_queries_per_block, 1);
+  if (!vmem) return sizes;
+  AttentionProblem shape;
+  shape.num_q_heads = config.num_q_heads;
+  shape.num_kv_heads = std::max<int64_t>(config.num_kv_heads, 1);
+  shape.head_dim = config.head_dim;
+  shape.kv_dtype = config.kv_dtype;
+  auto bytes = [&] {
+    return ScratchBytes(shape, sizes.num_queries_per_block,
+                        sizes.num_kv_pages_per_block * config.page_size);
+  };
+  const BlockSizes before = sizes;
+  while (bytes() > *vmem) {
+    if (!keep_pages && sizes.num_kv_pages_per_block > 1) {
+      sizes.num_kv_pages_per_block = (sizes.num_kv_pages_per_block + 1) / 2 == sizes.num_kv_pages_per_block
+                                         ? sizes.num_kv_pages_per_block - 1
+                                         : (sizes.num_kv_pages_per_block + 1) / 2;
+    } else if (!keep_queries && sizes.num_queries_per_block > 1) {
+      sizes.num_queries_per_block /= 2;
+    } else {
+      break;  // The smallest tiles the caller left to us.
+    }
+  }
+  if (!(sizes == before)) {
+    note += StrCat("; shrunk to fit vmem_limit_bytes=", *vmem, " (scratch ", bytes(), " bytes)");
+  }
+  return sizes;
+}
+
 }  // namespace internal
 
 const char* ToString(BlockSizeSource source) {
@@ -331,7 +330,7 @@ BlockSizeChoice ChooseBlockSizes(const BlockSizeConfig& config,
     }
   }
   if (!found) choice = internal::HeuristicBlockSizes(config, internal::ThisCpuCaches());
-  choice.sizes = internal::Fit(config, choice.sizes, vmem_limit_bytes, choice.explanation);
+  choice.sizes = internal::FitBlockSizes(config, choice.sizes, vmem_limit_bytes, choice.explanation);
   return choice;
 }
 

@@ -43,6 +43,14 @@ struct CacheSizes {
 CacheSizes ThisCpuCaches();  // From sysfs, read once.
 BlockSizeChoice HeuristicBlockSizes(const BlockSizeConfig& config, const CacheSizes& caches);
 
+// Clamps pages into [1, pages_per_seq] and queries to >= 1, then shrinks
+// them (the KV tile first) until one worker's scratch fits vmem (if given),
+// never below 1 and never a size the caller fixed (keep_*); appends what
+// it did to `note`.
+BlockSizes FitBlockSizes(const BlockSizeConfig& config, BlockSizes sizes,
+                         std::optional<int64_t> vmem, std::string& note, bool keep_pages = false,
+                         bool keep_queries = false);
+
 }  // namespace rpa::internal
 
 #endif  // RPA_SRC_BLOCK_SIZES_INTERNAL_H_

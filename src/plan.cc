@@ -4,6 +4,7 @@
 #include <numeric>
 #include <optional>
 
+#include "block_sizes_internal.h"
 #include "rpa/block_sizes.h"
 
 namespace rpa::internal {
@@ -36,25 +37,34 @@ TileSizes ChooseTileSizes(const AttentionProblem& problem) {
   // Sizes the caller left out come from the block-size chooser (SPEC §4:
   // tuned table, nearest entry, or the cache heuristic), which also fits
   // them into vmem_limit_bytes.
-  BlockSizes chosen;
-  if (problem.num_kv_pages_per_block <= 0 || problem.num_queries_per_block <= 0) {
+  // A caller who fixed one size gets the other refitted around it: the
+  // chooser fitted its own pair.
+  const bool caller_pages = problem.num_kv_pages_per_block > 0;
+  const bool caller_queries = problem.num_queries_per_block > 0;
+  // A query tile taller than the batch computes nothing more; capping it
+  // keeps a huge (valid) num_queries_per_block from sizing huge scratch.
+  const int64_t max_q_tile = std::max<int64_t>(problem.num_tokens, 1);
+  BlockSizes sizes{problem.num_kv_pages_per_block,
+                   std::min(problem.num_queries_per_block, max_q_tile)};
+  if (!caller_pages || !caller_queries) {
     const BlockSizeConfig config{problem.q_dtype,      problem.kv_dtype,
                                  problem.num_q_heads,  problem.num_kv_heads,
                                  problem.head_dim,     problem.page_size,
                                  problem.num_tokens,   problem.page_size * problem.pages_per_seq};
-    chosen = ChooseBlockSizes(config, problem.vmem_limit_bytes > 0
-                                          ? std::optional<int64_t>(problem.vmem_limit_bytes)
-                                          : std::nullopt)
-                 .sizes;
+    const std::optional<int64_t> vmem =
+        problem.vmem_limit_bytes > 0 ? std::optional<int64_t>(problem.vmem_limit_bytes)
+                                     : std::nullopt;
+    const BlockSizes chosen = ChooseBlockSizes(config, vmem).sizes;
+    if (!caller_pages) sizes.num_kv_pages_per_block = chosen.num_kv_pages_per_block;
+    if (!caller_queries) sizes.num_queries_per_block = chosen.num_queries_per_block;
+    if (caller_pages || caller_queries) {
+      std::string note;
+      sizes = FitBlockSizes(config, sizes, vmem, note, caller_pages, caller_queries);
+    }
   }
   TileSizes tiles;
-  tiles.q_tile = problem.num_queries_per_block > 0 ? problem.num_queries_per_block
-                                                   : chosen.num_queries_per_block;
-  tiles.pages_per_block = problem.num_kv_pages_per_block > 0 ? problem.num_kv_pages_per_block
-                                                             : chosen.num_kv_pages_per_block;
-  // A query tile taller than the batch computes nothing more; capping it
-  // keeps a huge (valid) num_queries_per_block from sizing huge scratch.
-  tiles.q_tile = std::clamp<int64_t>(tiles.q_tile, 1, std::max<int64_t>(problem.num_tokens, 1));
+  tiles.q_tile = std::clamp<int64_t>(sizes.num_queries_per_block, 1, max_q_tile);
+  tiles.pages_per_block = sizes.num_kv_pages_per_block;
   return tiles;
 }
 

@@ -611,6 +611,29 @@ TEST(PlanTest, AutomaticBlocksClampToPagesPerSeq) {
   EXPECT_EQ(ChooseTileSizes(p).q_tile, 2);
 }
 
+// One size from the caller, the other chosen: the chosen one is refitted to
+// vmem_limit_bytes around the caller's (the chooser fitted its own pair).
+TEST(PlanTest, ChosenSizeFitsVmemAroundTheCallersOne) {
+  AttentionProblem p;
+  p.num_tokens = 4096;
+  p.num_q_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  p.page_size = 16;
+  p.pages_per_seq = 256;
+  p.kv_dtype = p.q_dtype = DType::kBF16;
+  p.vmem_limit_bytes = 3 << 20;
+  p.num_queries_per_block = 256;  // 1024 rows: the chooser's KV tile must shrink.
+  TileSizes t = ChooseTileSizes(p);
+  EXPECT_EQ(t.q_tile, 256);
+  EXPECT_LE(ScratchBytes(p, t.q_tile, t.pages_per_block * p.page_size), p.vmem_limit_bytes);
+  p.num_queries_per_block = 0;
+  p.num_kv_pages_per_block = 128;  // 2048 keys: the chooser's query tile must shrink.
+  t = ChooseTileSizes(p);
+  EXPECT_EQ(t.pages_per_block, 128);
+  EXPECT_LE(ScratchBytes(p, t.q_tile, t.pages_per_block * p.page_size), p.vmem_limit_bytes);
+}
+
 // ---- The thread pool.
 TEST(ThreadPoolTest, EveryTaskRunsOnce) {
   ThreadPool pool;
