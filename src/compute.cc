@@ -142,16 +142,16 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
       const int64_t count = std::min<int64_t>(4096, p.head_dim - d0);
       std::fill(out_row, out_row + count, 0.0f);
       l = 0.0f;
-      if (m != -std::numeric_limits<float>::infinity()) {
-        for (int32_t c = 0; c < group.num_tasks; ++c) {
-          const float* part = partials + plan.tasks[group.first_task + c].partial_offset;
-          // A chunk whose logits were all -inf has weight 0, but its acc is
-          // NaN where a V element is infinite (0 * inf), as in the reference.
-          const float w = std::exp(part[r] - m);
-          l += w * part[rows + r];
-          const float* acc = part + 2 * rows + r * dim_pad + d0;
-          for (int64_t d = 0; d < count; ++d) out_row[d] += w * acc[d];
-        }
+      for (int32_t c = 0; c < group.num_tasks; ++c) {
+        const float* part = partials + plan.tasks[group.first_task + c].partial_offset;
+        // A chunk whose logits were all -inf has weight 0 (also when every
+        // chunk's were), but its acc is NaN where a V element is infinite
+        // (0 * inf), as in the reference.
+        const float w = m == -std::numeric_limits<float>::infinity() ? 0.0f
+                                                                     : std::exp(part[r] - m);
+        l += w * part[rows + r];
+        const float* acc = part + 2 * rows + r * dim_pad + d0;
+        for (int64_t d = 0; d < count; ++d) out_row[d] += w * acc[d];
       }
       const int64_t token = q_start + first.q_begin + (r % rows_per_head) / G;
       const int64_t head = (first.kv_head + r / rows_per_head) * G + r % G;

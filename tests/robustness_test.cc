@@ -452,6 +452,29 @@ TEST(RobustnessTest, F9_InfValueUnderMinusInfLogitInASplitChunkIsNan) {
   EXPECT_TRUE(std::isnan(reinterpret_cast<const float*>(out.data())[3]));
 }
 
+// Finding F10 (fixed): the same with every logit of the row -inf and a
+// finite sink: the reference's shift is the sink, every weight 0, and the
+// infinite V makes the output NaN; the merge gave 0 whenever no chunk had a
+// finite logit.
+TEST(RobustnessTest, F10_InfValueUnderAllMinusInfLogitsWithASinkIsNan) {
+  SyntheticBatch b = SmallBatch({{1, 200}});
+  reinterpret_cast<float*>(b.q.data())[5] = 1.0f;  // Token 0, head 0.
+  for (int64_t t = 0; t < 200; ++t) *KvElement(b, 0, t, 0, /*v=*/false, 5) = -INFINITY;
+  *KvElement(b, 0, 10, 0, /*v=*/true, 3) = INFINITY;
+  const std::vector<float> sinks = {0.5f, -1.0f, 0.0f, 2.0f};
+  AttentionOptions o;
+  o.sinks = TensorView(sinks.data(), DType::kF32, {4});
+  o.num_kv_pages_per_block = 1;
+  for (const int threads : {1, 4}) {  // One task, and chunks merged.
+    o.num_threads = threads;
+    ExpectLikeReference(b, o, 1e-5);
+    std::vector<uint8_t> out = b.NewOutput();
+    RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
+                         b.NumSeqs(), o, b.OutView(out));
+    EXPECT_TRUE(std::isnan(reinterpret_cast<const float*>(out.data())[3])) << threads;
+  }
+}
+
 // Finding F2 (fixed): a sliding window beyond INT32_MAX (valid: it masks
 // nothing) was truncated to 32 bits in the kernel and masked every key.
 TEST(RobustnessTest, F2_SlidingWindowBeyondInt32MasksNothing) {
