@@ -227,63 +227,52 @@ inline constexpr int64_t kPackedMinRows = 32;
 inline constexpr int kPackedRows = HWY_MAX_BYTES >= 64 ? 8 : 4;  // 16 or 8 accumulators.
 static_assert(2 * HWY_MAX_BYTES / sizeof(float) <= kPackedTokenAlign, "packed K tile padding");
 
-// An L x L transpose (L = Lanes): v[j] lane c becomes v[c] lane j.
+// An L x L transpose (L = Lanes): v[j] lane c becomes v[c] lane j. Within
+// each 128-bit block a 4 x 4 transpose (rows interleaved by element, then by
+// element pair); with more blocks, the blocks are then transposed too.
 HWY_INLINE void TransposeSquare(VF* v) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  // 16 x 16 in three stages of 16 shuffles-or-so each: pairs of rows
-  // interleaved by element, then by element pair (a 4 x 4 transpose in each
-  // 128-bit lane), then the 128-bit lanes themselves.
-  __m512 t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(v[2 * i].raw, v[2 * i + 1].raw);
-    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i].raw, v[2 * i + 1].raw);
-  }
-  auto pd = [](__m512 x) HWY_ATTR { return _mm512_castps_pd(x); };
-  auto ps = [](__m512d x) HWY_ATTR { return _mm512_castpd_ps(x); };
-  for (int g = 0; g < 4; ++g) {  // u[4g + k], lane L: rows 4g..4g+3 of column 4L + k.
-    u[4 * g + 0] = ps(_mm512_unpacklo_pd(pd(t[4 * g]), pd(t[4 * g + 2])));
-    u[4 * g + 1] = ps(_mm512_unpackhi_pd(pd(t[4 * g]), pd(t[4 * g + 2])));
-    u[4 * g + 2] = ps(_mm512_unpacklo_pd(pd(t[4 * g + 1]), pd(t[4 * g + 3])));
-    u[4 * g + 3] = ps(_mm512_unpackhi_pd(pd(t[4 * g + 1]), pd(t[4 * g + 3])));
-  }
-  for (int k = 0; k < 4; ++k) {  // Column 4L + k takes lane L of u[k], u[4+k], u[8+k], u[12+k].
-    const __m512 a = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44);       // k.L0 k.L1 4k.L0 4k.L1
-    const __m512 b = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);       // ... L2 L3
-    const __m512 c = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44);
-    const __m512 d = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
-    v[k].raw = _mm512_shuffle_f32x4(a, c, 0x88);
-    v[4 + k].raw = _mm512_shuffle_f32x4(a, c, 0xDD);
-    v[8 + k].raw = _mm512_shuffle_f32x4(b, d, 0x88);
-    v[12 + k].raw = _mm512_shuffle_f32x4(b, d, 0xDD);
-  }
-#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(v[2 * i].raw, v[2 * i + 1].raw);
-    t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i].raw, v[2 * i + 1].raw);
-  }
-  auto pd = [](__m256 x) HWY_ATTR { return _mm256_castps_pd(x); };
-  auto ps = [](__m256d x) HWY_ATTR { return _mm256_castpd_ps(x); };
-  for (int g = 0; g < 2; ++g) {
-    u[4 * g + 0] = ps(_mm256_unpacklo_pd(pd(t[4 * g]), pd(t[4 * g + 2])));
-    u[4 * g + 1] = ps(_mm256_unpackhi_pd(pd(t[4 * g]), pd(t[4 * g + 2])));
-    u[4 * g + 2] = ps(_mm256_unpacklo_pd(pd(t[4 * g + 1]), pd(t[4 * g + 3])));
-    u[4 * g + 3] = ps(_mm256_unpackhi_pd(pd(t[4 * g + 1]), pd(t[4 * g + 3])));
-  }
-  for (int k = 0; k < 4; ++k) {
-    v[k].raw = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
-    v[4 + k].raw = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
-  }
-#else  // 4 lanes (SSE4, NEON): through memory.
+#if HWY_TARGET == HWY_SCALAR
+  (void)v;  // 1 x 1.
+#else
   const DF df;
-  constexpr size_t kL = HWY_MAX_BYTES / sizeof(float);
-  HWY_ALIGN float m[kL * kL];
+  const hn::Repartition<uint64_t, DF> d64;
   const size_t lanes = hn::Lanes(df);
-  for (size_t j = 0; j < lanes; ++j) hn::Store(v[j], df, m + j * lanes);
-  for (size_t c = 0; c < lanes; ++c) {
-    HWY_ALIGN float col[kL];
-    for (size_t j = 0; j < lanes; ++j) col[j] = m[j * lanes + c];
-    v[c] = hn::Load(df, col);
+  for (size_t i = 0; i < lanes; i += 2) {
+    const VF lo = hn::InterleaveLower(df, v[i], v[i + 1]);
+    v[i + 1] = hn::InterleaveUpper(df, v[i], v[i + 1]);
+    v[i] = lo;
+  }
+  VF u[HWY_MAX_BYTES / sizeof(float)];
+  for (size_t g = 0; g < lanes; g += 4) {  // u[g + k], block L: rows g..g+3 of column 4L + k.
+    const auto a = hn::BitCast(d64, v[g]), b = hn::BitCast(d64, v[g + 1]);
+    const auto c = hn::BitCast(d64, v[g + 2]), e = hn::BitCast(d64, v[g + 3]);
+    u[g] = hn::BitCast(df, hn::InterleaveLower(d64, a, c));
+    u[g + 1] = hn::BitCast(df, hn::InterleaveUpper(d64, a, c));
+    u[g + 2] = hn::BitCast(df, hn::InterleaveLower(d64, b, e));
+    u[g + 3] = hn::BitCast(df, hn::InterleaveUpper(d64, b, e));
+  }
+  // Column 4L + k takes block L of u[k], u[4 + k], ...: (a0 b0 a2 b2) and
+  // (a1 b1 a3 b3) of two vectors, then their 256-bit halves.
+  auto even_blocks = [](VF a, VF b) HWY_ATTR {
+    return hn::OddEvenBlocks(hn::SwapAdjacentBlocks(b), a);
+  };
+  auto odd_blocks = [](VF a, VF b) HWY_ATTR {
+    return hn::OddEvenBlocks(b, hn::SwapAdjacentBlocks(a));
+  };
+  for (size_t k = 0; k < 4; ++k) {
+    if (lanes == 4) {
+      v[k] = u[k];
+    } else if (lanes == 8) {
+      v[k] = even_blocks(u[k], u[4 + k]);
+      v[4 + k] = odd_blocks(u[k], u[4 + k]);
+    } else {
+      const VF lo1 = even_blocks(u[k], u[4 + k]), hi1 = odd_blocks(u[k], u[4 + k]);
+      const VF lo2 = even_blocks(u[8 + k], u[12 + k]), hi2 = odd_blocks(u[8 + k], u[12 + k]);
+      v[k] = hn::ConcatLowerLower(df, lo2, lo1);
+      v[4 + k] = hn::ConcatLowerLower(df, hi2, hi1);
+      v[8 + k] = hn::ConcatUpperUpper(df, lo2, lo1);
+      v[12 + k] = hn::ConcatUpperUpper(df, hi2, hi1);
+    }
   }
 #endif
 }
