@@ -73,13 +73,16 @@ bool CpuHasAvx512Bw() {
 }
 
 #define RPA_BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
+// The widening path's instructions, a subset of the above: its helpers
+// inline into both paths' functions.
+#define RPA_WIDE_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 namespace {
 
 // Lane i of the result = sum of the lanes of a[i].
 // always_inline: called out of line, the accumulator array's address escapes
 // and GCC stores all 16 accumulators to the stack on every step.
-RPA_BF16_TARGET __attribute__((always_inline)) inline __m512 SumEach16(const __m512* a) {
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 SumEach16(const __m512* a) {
   __m512 b[8];
   for (int i = 0; i < 8; ++i) {
     const __m512 x = a[2 * i], y = a[2 * i + 1];
@@ -296,7 +299,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void Fp8RowsToBf16Impl(
 // odd elements of the chunk, with no shuffle. q rows are stored in the same
 // even/odd order (WideQIndex), so a dot product needs nothing else; PV
 // accumulates in that order and RunTask puts it back.
-#define RPA_WIDE_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 RPA_WIDE_TARGET __attribute__((always_inline)) inline void Widen(__m512i raw, __m512* even,
                                                                  __m512* odd) {
@@ -351,28 +353,6 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline void LoadWide(const void* 
   }
 }
 
-// Lane i of the result = sum of the lanes of a[i] (SumEach16, for the
-// widening path's target).
-RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 WideSumEach16(const __m512* a) {
-  __m512 b[8];
-  for (int i = 0; i < 8; ++i) {
-    const __m512 x = a[2 * i], y = a[2 * i + 1];
-    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
-  }
-  __m512 c[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  const __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
 template <int kRows, int kTokens, bool kFp8>
 RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t rows,
                                      const void* const* k_rows, int64_t tokens,
@@ -407,7 +387,7 @@ RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t r
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) fin[i] = acc[i];
   alignas(64) float sums[16];
-  _mm512_store_ps(sums, WideSumEach16(fin));
+  _mm512_store_ps(sums, SumEach16(fin));
   const int64_t valid_rows = rows < kRows ? rows : kRows;
   const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
   for (int64_t r = 0; r < valid_rows; ++r) {
