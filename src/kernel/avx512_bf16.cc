@@ -104,6 +104,25 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 SumEach16(const __m
                        _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// Stores the logits of a kRows x kTokens block: acc[r * kTokens + t] summed
+// over its lanes, for the rows and tokens that exist.
+template <int kRows, int kTokens>
+RPA_WIDE_TARGET __attribute__((always_inline)) inline void StoreLogitsBlock(
+    const __m512* acc, int64_t rows, int64_t tokens, float* s, int64_t s_stride) {
+  // A copy for the reduction: acc's own address never escapes, so GCC keeps
+  // it in registers instead of storing all 16 to the stack every step.
+  __m512 fin[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) fin[i] = acc[i];
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, SumEach16(fin));
+  const int64_t valid_rows = rows < kRows ? rows : kRows;
+  const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
+  for (int64_t r = 0; r < valid_rows; ++r) {
+    std::memcpy(s + r * s_stride, sums + r * kTokens, sizeof(float) * valid_tokens);
+  }
+}
+
 RPA_BF16_TARGET inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
 // Logits of kRows rows x kTokens keys; rows/tokens beyond the valid counts
@@ -143,18 +162,7 @@ RPA_BF16_TARGET void LogitsBlock(const uint16_t* q_hi, const uint16_t* q_lo, int
       }
     }
   }
-  // A copy for the reduction: acc's own address never escapes, so GCC keeps
-  // it in registers instead of storing all 16 to the stack every step.
-  __m512 fin[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) fin[i] = acc[i];
-  alignas(64) float sums[16];
-  _mm512_store_ps(sums, SumEach16(fin));
-  const int64_t valid_rows = rows < kRows ? rows : kRows;
-  const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
-  for (int64_t r = 0; r < valid_rows; ++r) {
-    std::memcpy(s + r * s_stride, sums + r * kTokens, sizeof(float) * valid_tokens);
-  }
+  StoreLogitsBlock<kRows, kTokens>(acc, rows, tokens, s, s_stride);
 }
 
 // Prefetches rows [t, t + n) of the next tile that exist.
@@ -383,16 +391,7 @@ RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t r
       }
     }
   }
-  __m512 fin[16];  // acc's address never escapes (registers, not the stack).
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) fin[i] = acc[i];
-  alignas(64) float sums[16];
-  _mm512_store_ps(sums, SumEach16(fin));
-  const int64_t valid_rows = rows < kRows ? rows : kRows;
-  const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
-  for (int64_t r = 0; r < valid_rows; ++r) {
-    std::memcpy(s + r * s_stride, sums + r * kTokens, sizeof(float) * valid_tokens);
-  }
+  StoreLogitsBlock<kRows, kTokens>(acc, rows, tokens, s, s_stride);
 }
 
 // acc rows (even/odd order) += sum_t p[r][t] * v_t for kRows rows.
