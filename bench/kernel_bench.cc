@@ -13,6 +13,7 @@
 
 #include "kernel/kernel.h"
 #include "rpa/rpa.h"
+#include "machine.h"
 #include "synthetic_batch.h"
 
 namespace rpa {
@@ -73,6 +74,39 @@ void BM_Bf16Pv(benchmark::State& state) {
 }
 BENCHMARK(BM_Bf16Pv)->Arg(1)->Arg(4)->Arg(64);
 
+// The widening path's QK^T and PV for decode's shape: 4 rows (q heads per
+// kv head) x range(0) keys, head_dim 128, bf16 K/V rows 4 KiB apart as in a
+// cache page (32 keys: L1; 512: L2). Per key and kv head.
+void WideDecodeRows(benchmark::State& state, bool pv) {
+  if (!internal::CpuHasAvx512Bw()) {
+    state.SkipWithError("no AVX-512 BW");
+    return;
+  }
+  const int64_t rows = 4, tokens = state.range(0), dim = 128, row_stride = state.range(1);
+  const std::vector<uint16_t> kv = RandomBf16(tokens * row_stride, 2);
+  std::vector<const void*> kv_rows(tokens);
+  for (int64_t t = 0; t < tokens; ++t) kv_rows[t] = kv.data() + t * row_stride;
+  std::vector<float> q(rows * dim, 0.01f), s(rows * tokens, 0.01f), acc(rows * dim, 0.0f);
+  for (auto _ : state) {
+    if (pv) {
+      internal::WidePv(DType::kBF16, s.data(), tokens, rows, kv_rows.data(), tokens, dim,
+                       acc.data(), dim, nullptr, 0, 0);
+    } else {
+      internal::WideLogits(DType::kBF16, q.data(), dim, rows, kv_rows.data(), tokens, dim,
+                           s.data(), tokens, nullptr, 0, 0);
+    }
+    benchmark::DoNotOptimize(s.data());
+    benchmark::DoNotOptimize(acc.data());
+  }
+  state.counters["ns_per_key"] = benchmark::Counter(
+      static_cast<double>(tokens) * state.iterations(),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+void BM_WideLogits(benchmark::State& state) { WideDecodeRows(state, false); }
+void BM_WidePv(benchmark::State& state) { WideDecodeRows(state, true); }
+BENCHMARK(BM_WideLogits)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
+BENCHMARK(BM_WidePv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
+
 // Whole decode calls (16 x kv 1024, 32/8 heads, bf16) on rotating copies of
 // the cache adding up to 512 MiB; range(0) threads.
 void BM_Decode(benchmark::State& state) {
@@ -81,8 +115,10 @@ void BM_Decode(benchmark::State& state) {
   const tools::SyntheticBatch batch = tools::MakeSyntheticBatch(spec);
   const size_t bytes = batch.kv_pages.size();
   const int copies = static_cast<int>((size_t{512} << 20) / bytes + 1);
-  std::vector<uint8_t> pages(bytes * copies);
-  for (int c = 0; c < copies; ++c) std::memcpy(pages.data() + bytes * c, batch.kv_pages.data(), bytes);
+  // Huge pages, as rpa bench and a serving engine's cache would have: with
+  // 4 KiB pages every K/V page's first touch is also a TLB miss.
+  tools::HugeBuffer pages(bytes * copies);
+  for (int c = 0; c < copies; ++c) std::memcpy(pages.data + bytes * c, batch.kv_pages.data(), bytes);
   const TensorView kv = batch.KvPages();
   std::vector<uint8_t> out = batch.NewOutput();
   AttentionOptions options;
@@ -90,7 +126,7 @@ void BM_Decode(benchmark::State& state) {
   options.num_threads = static_cast<int>(state.range(0));
   int copy = 0;
   for (auto _ : state) {
-    const TensorView view(pages.data() + bytes * copy, kv.dtype,
+    const TensorView view(pages.data + bytes * copy, kv.dtype,
                           {kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[3]});
     copy = (copy + 1) % copies;
     RaggedPagedAttention(batch.Q(), view, batch.KvLens(), batch.PageIndices(), batch.CuQLens(),
@@ -103,6 +139,29 @@ void BM_Decode(benchmark::State& state) {
                                                 benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Decode)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The decode call with every page index 0: K/V stay in the core's caches, so
+// this times the kernel's arithmetic and bookkeeping without memory.
+void BM_DecodeHot(benchmark::State& state) {
+  tools::BatchSpec spec;
+  spec.sequences = std::vector<tools::SequenceShape>(16, {1, 1024});
+  const tools::SyntheticBatch batch = tools::MakeSyntheticBatch(spec);
+  const std::vector<int32_t> page_zero(batch.page_indices.size(), 0);
+  const TensorView pages_view = batch.PageIndices();
+  const TensorView hot_pages(page_zero.data(), DType::kI32,
+                             {pages_view.shape[0], pages_view.shape[1]});
+  std::vector<uint8_t> out = batch.NewOutput();
+  AttentionOptions options;
+  options.sm_scale = 1.0 / std::sqrt(128.0);
+  options.num_threads = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    RaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), hot_pages, batch.CuQLens(),
+                         batch.NumSeqs(), options, batch.OutView(out));
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(16.0 * 1024 * 32 * 4 * 128 * state.iterations(),
+                                                benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_DecodeHot)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace rpa

@@ -394,42 +394,60 @@ RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t r
   StoreLogitsBlock<kRows, kTokens>(acc, rows, tokens, s, s_stride);
 }
 
-// acc rows (even/odd order) += sum_t p[r][t] * v_t for kRows rows.
-template <int kRows, bool kFp8>
+// The mask of the elements of the 32-element chunk at d that lie below
+// head_dim (all ones for a whole chunk, zero past the row).
+inline __mmask32 ChunkMask(int64_t d, int64_t head_dim) {
+  const int64_t left = head_dim - d;
+  return left >= 32 ? ~__mmask32{0} : left <= 0 ? __mmask32{0} : (__mmask32{1} << left) - 1;
+}
+
+// acc rows (even/odd order) += sum_t p[r][t] * v_t for kRows rows, over the
+// kChunks 32-dim chunks from d0: 2 chunks give 4 * kRows independent
+// accumulator chains per key, enough to hide the FMA latency at 4 rows.
+template <int kRows, int kChunks, bool kFp8>
 RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid_rows,
-                                 const void* const* v_rows, int64_t tokens, int64_t head_dim,
-                                 float* acc, int64_t acc_stride, const void* const* pf,
-                                 int64_t pf_count, int64_t pf_bytes, const Fp8Table* table) {
+                                 const void* const* v_rows, int64_t tokens, int64_t d0,
+                                 int64_t head_dim, float* acc, int64_t acc_stride,
+                                 const void* const* pf, int64_t pf_count, int64_t pf_bytes,
+                                 const Fp8Table* table) {
   const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
-  for (int64_t d = 0; d < head_dim; d += 32) {
-    const int64_t left = head_dim - d;
-    const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-    const bool prefetch = d == 0 && pf != nullptr;
-    __m512 ae[kRows], ao[kRows];
+  __mmask32 mask[kChunks];
+  for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask(d0 + 32 * c, head_dim);
+  __m512 ae[kChunks][kRows], ao[kChunks][kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t rr = r < valid_rows ? r : 0;
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      ae[c][r] = _mm512_loadu_ps(acc + rr * acc_stride + d0 + 32 * c);
+      ao[c][r] = _mm512_loadu_ps(acc + rr * acc_stride + d0 + 32 * c + 16);
+    }
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (pf != nullptr && t < pf_count) PrefetchRow(pf[t], pf_bytes);
+    __m512 ve[kChunks], vo[kChunks];
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      LoadWide<kFp8>(v_rows[t], d0 + 32 * c, mask[c], lut, &ve[c], &vo[c]);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const int64_t rr = r < valid_rows ? r : 0;
-      ae[r] = _mm512_loadu_ps(acc + rr * acc_stride + d);
-      ao[r] = _mm512_loadu_ps(acc + rr * acc_stride + d + 16);
-    }
-    for (int64_t t = 0; t < tokens; ++t) {
-      if (prefetch && t < pf_count) PrefetchRow(pf[t], pf_bytes);
-      __m512 ve, vo;
-      LoadWide<kFp8>(v_rows[t], d, mask, lut, &ve, &vo);
-#pragma GCC unroll 8
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t rr = r < valid_rows ? r : 0;
-        const __m512 w = _mm512_set1_ps(p[rr * p_stride + t]);
-        ae[r] = _mm512_fmadd_ps(w, ve, ae[r]);
-        ao[r] = _mm512_fmadd_ps(w, vo, ao[r]);
+      const __m512 w = _mm512_set1_ps(p[rr * p_stride + t]);
+#pragma GCC unroll 2
+      for (int c = 0; c < kChunks; ++c) {
+        ae[c][r] = _mm512_fmadd_ps(w, ve[c], ae[c][r]);
+        ao[c][r] = _mm512_fmadd_ps(w, vo[c], ao[c][r]);
       }
     }
+  }
 #pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) {
-      if (r < valid_rows) {
-        _mm512_storeu_ps(acc + r * acc_stride + d, ae[r]);
-        _mm512_storeu_ps(acc + r * acc_stride + d + 16, ao[r]);
-      }
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= valid_rows) continue;
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      _mm512_storeu_ps(acc + r * acc_stride + d0 + 32 * c, ae[c][r]);
+      _mm512_storeu_ps(acc + r * acc_stride + d0 + 32 * c + 16, ao[c][r]);
     }
   }
 }
@@ -476,6 +494,24 @@ void WideLogitsImpl(const float* q_eo, int64_t q_stride, int64_t rows, const voi
   }
 }
 
+// One row block's PV over the whole head: chunk pairs, then a last single
+// chunk where the chunk count is odd. The first pass issues the prefetches.
+template <int kRows, bool kFp8>
+void WidePvRows(const float* p, int64_t p_stride, int64_t valid_rows, const void* const* v_rows,
+                int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
+                const void* const* pf, int64_t pf_count, int64_t pf_bytes,
+                const Fp8Table* table) {
+  int64_t d = 0;
+  for (; d + 32 < head_dim; d += 64) {
+    WidePvBlock<kRows, 2, kFp8>(p, p_stride, valid_rows, v_rows, tokens, d, head_dim, acc,
+                                acc_stride, d == 0 ? pf : nullptr, pf_count, pf_bytes, table);
+  }
+  if (d < head_dim) {
+    WidePvBlock<kRows, 1, kFp8>(p, p_stride, valid_rows, v_rows, tokens, d, head_dim, acc,
+                                acc_stride, d == 0 ? pf : nullptr, pf_count, pf_bytes, table);
+  }
+}
+
 template <bool kFp8>
 void WidePvImpl(const float* p, int64_t p_stride, int64_t rows, const void* const* v_rows,
                 int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
@@ -484,20 +520,20 @@ void WidePvImpl(const float* p, int64_t p_stride, int64_t rows, const void* cons
   if (pf != nullptr && pf_count > tokens) PrefetchRows(pf, pf_count, tokens, pf_count, pf_bytes);
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    WidePvBlock<4, kFp8>(p + r * p_stride, p_stride, 4, v_rows, tokens, head_dim,
-                         acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
-                         pf_bytes, table);
+    WidePvRows<4, kFp8>(p + r * p_stride, p_stride, 4, v_rows, tokens, head_dim,
+                        acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
+                        pf_bytes, table);
   }
   if (rows - r >= 2) {
-    WidePvBlock<2, kFp8>(p + r * p_stride, p_stride, 2, v_rows, tokens, head_dim,
-                         acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
-                         pf_bytes, table);
+    WidePvRows<2, kFp8>(p + r * p_stride, p_stride, 2, v_rows, tokens, head_dim,
+                        acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
+                        pf_bytes, table);
     r += 2;
   }
   if (rows - r == 1) {
-    WidePvBlock<1, kFp8>(p + r * p_stride, p_stride, 1, v_rows, tokens, head_dim,
-                         acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
-                         pf_bytes, table);
+    WidePvRows<1, kFp8>(p + r * p_stride, p_stride, 1, v_rows, tokens, head_dim,
+                        acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
+                        pf_bytes, table);
   }
 }
 
