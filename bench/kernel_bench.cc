@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernel/kernel.h"
+#include "thread_pool.h"
 #include "rpa/rpa.h"
 #include "machine.h"
 #include "synthetic_batch.h"
@@ -107,18 +108,36 @@ void BM_WidePv(benchmark::State& state) { WideDecodeRows(state, true); }
 BENCHMARK(BM_WideLogits)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
 BENCHMARK(BM_WidePv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
 
-// Whole decode calls (16 x kv 1024, 32/8 heads, bf16) on rotating copies of
-// the cache adding up to 512 MiB; range(0) threads.
-void BM_Decode(benchmark::State& state) {
-  tools::BatchSpec spec;
-  spec.sequences = std::vector<tools::SequenceShape>(16, {1, 1024});
-  const tools::SyntheticBatch batch = tools::MakeSyntheticBatch(spec);
-  const size_t bytes = batch.kv_pages.size();
-  const int copies = static_cast<int>((size_t{512} << 20) / bytes + 1);
+// Decode's batch (16 x kv 1024, 32/8 heads, bf16) copied onto a huge-page
+// buffer as many times as add up to 512 MiB, so that successive calls,
+// rotating through the copies, read K/V from memory.
+struct RotatingDecodeCache {
+  RotatingDecodeCache() : batch(MakeBatch()), bytes(batch.kv_pages.size()),
+                          copies(static_cast<int>((size_t{512} << 20) / bytes + 1)),
+                          pages(bytes * copies) {
+    for (int c = 0; c < copies; ++c) {
+      std::memcpy(pages.data + bytes * c, batch.kv_pages.data(), bytes);
+    }
+  }
+  static tools::SyntheticBatch MakeBatch() {
+    tools::BatchSpec spec;
+    spec.sequences = std::vector<tools::SequenceShape>(16, {1, 1024});
+    return tools::MakeSyntheticBatch(spec);
+  }
+  const uint8_t* Copy(int c) const { return pages.data + bytes * c; }
+
+  const tools::SyntheticBatch batch;
+  const size_t bytes;
+  const int copies;
   // Huge pages, as rpa bench and a serving engine's cache would have: with
   // 4 KiB pages every K/V page's first touch is also a TLB miss.
-  tools::HugeBuffer pages(bytes * copies);
-  for (int c = 0; c < copies; ++c) std::memcpy(pages.data + bytes * c, batch.kv_pages.data(), bytes);
+  tools::HugeBuffer pages;
+};
+
+// Whole decode calls on the rotating copies; range(0) threads.
+void BM_Decode(benchmark::State& state) {
+  const RotatingDecodeCache cache;
+  const tools::SyntheticBatch& batch = cache.batch;
   const TensorView kv = batch.KvPages();
   std::vector<uint8_t> out = batch.NewOutput();
   AttentionOptions options;
@@ -126,9 +145,9 @@ void BM_Decode(benchmark::State& state) {
   options.num_threads = static_cast<int>(state.range(0));
   int copy = 0;
   for (auto _ : state) {
-    const TensorView view(pages.data + bytes * copy, kv.dtype,
+    const TensorView view(cache.Copy(copy), kv.dtype,
                           {kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[3]});
-    copy = (copy + 1) % copies;
+    copy = (copy + 1) % cache.copies;
     RaggedPagedAttention(batch.Q(), view, batch.KvLens(), batch.PageIndices(), batch.CuQLens(),
                          batch.NumSeqs(), options, batch.OutView(out));
   }
@@ -139,6 +158,58 @@ void BM_Decode(benchmark::State& state) {
                                                 benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Decode)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The memory side of BM_Decode alone: the same rows read in the kernel's
+// order (a sequence per task; 32-key tiles; per kv head the tile's K rows,
+// then its V rows) with the same prefetch of the next tile's rows, one load
+// per cache line and no arithmetic. Its time bounds the decode call from
+// below on this access pattern, whatever the kernel computes.
+void BM_DecodeMemoryOnly(benchmark::State& state) {
+  const RotatingDecodeCache cache;
+  const tools::SyntheticBatch& batch = cache.batch;
+  const int64_t seqs = 16, kv_len = 1024, page_size = 16, kv_heads = 8, tile = 32;
+  const int64_t row_bytes = 128 * 2, pages_per_seq = batch.pages_per_seq;
+  // Row c (2h: K of kv head h, 2h + 1: its V) of key t of sequence `seq`.
+  auto row = [&](const uint8_t* base, int64_t seq, int64_t t, int64_t c) {
+    const int64_t page = batch.page_indices[seq * pages_per_seq + t / page_size];
+    return base + ((page * page_size + t % page_size) * 2 * kv_heads + c) * row_bytes;
+  };
+  internal::ThreadPool& pool = internal::GlobalThreadPool();
+  std::vector<float> sums(seqs);
+  int copy = 0;
+  for (auto _ : state) {
+    const uint8_t* base = cache.Copy(copy);
+    copy = (copy + 1) % cache.copies;
+    pool.ParallelFor(seqs, static_cast<int>(state.range(0)), [&](int64_t seq, int) {
+      float sum = 0.0f;
+      for (int64_t t = 0; t < tile; ++t) {
+        for (int64_t c = 0; c < 2 * kv_heads; ++c) internal::PrefetchRow(row(base, seq, t, c), row_bytes);
+      }
+      for (int64_t t0 = 0; t0 < kv_len; t0 += tile) {
+        const bool next = t0 + tile < kv_len;
+        for (int64_t c = 0; c < 2 * kv_heads; ++c) {
+          const int64_t kv_c = c / 2 + (c % 2) * kv_heads;  // K of every head, then V.
+          const int64_t c_row = 2 * (kv_c % kv_heads) + kv_c / kv_heads;
+          for (int64_t t = t0; t < t0 + tile; ++t) {
+            if (next) internal::PrefetchRow(row(base, seq, t + tile, c_row), row_bytes);
+            const uint8_t* r = row(base, seq, t, c_row);
+            for (int64_t b = 0; b < row_bytes; b += 64) {
+              float x;
+              std::memcpy(&x, r + b, sizeof(x));
+              sum += x;
+            }
+          }
+        }
+      }
+      sums[seq] = sum;
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  const double kv_bytes = 16.0 * 1024 * 8 * 2 * 128 * 2;
+  state.counters["KV_bytes/s"] =
+      benchmark::Counter(kv_bytes * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_DecodeMemoryOnly)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The decode call with every page index 0: K/V stay in the core's caches, so
 // this times the kernel's arithmetic and bookkeeping without memory.

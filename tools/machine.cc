@@ -242,4 +242,15 @@ MachineLimits MeasureMachine(int threads, bool quick) {
   return limits;
 }
 
+MachineLimits HigherLimits(const MachineLimits& a, const MachineLimits& b) {
+  MachineLimits m = a;
+  for (int i = 0; i < 2; ++i) {
+    m.read_gbs[i] = std::max(a.read_gbs[i], b.read_gbs[i]);
+    m.fma_f32_gflops[i] = std::max(a.fma_f32_gflops[i], b.fma_f32_gflops[i]);
+    m.bf16_dot_gflops[i] = std::max(a.bf16_dot_gflops[i], b.bf16_dot_gflops[i]);
+  }
+  m.seconds = a.seconds + b.seconds;
+  return m;
+}
+
 }  // namespace rpa::tools

@@ -39,6 +39,10 @@ struct MachineLimits {
 // repetition down.
 MachineLimits MeasureMachine(int threads, bool quick);
 
+// Each limit the higher of a's and b's (interference only lowers a
+// measurement); seconds: both measurements' together.
+MachineLimits HigherLimits(const MachineLimits& a, const MachineLimits& b);
+
 // Anonymous memory that asks for transparent huge pages (MADV_HUGEPAGE):
 // the operating system here grants them only to memory that asks.
 struct HugeBuffer {
