@@ -123,6 +123,13 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline void StoreLogitsBlock(
   }
 }
 
+// The elements of the 32-element chunk at d (< head_dim) that lie below
+// head_dim: all of a whole chunk, the tail of the last one.
+inline __mmask32 ChunkMask(int64_t d, int64_t head_dim) {
+  const int64_t left = head_dim - d;
+  return left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+}
+
 RPA_BF16_TARGET inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
 // Logits of kRows rows x kTokens keys; rows/tokens beyond the valid counts
@@ -141,8 +148,7 @@ RPA_BF16_TARGET void LogitsBlock(const uint16_t* q_hi, const uint16_t* q_lo, int
     k[t] = static_cast<const uint16_t*>(k_rows[t < tokens ? t : 0]);
   }
   for (int64_t d = 0; d < head_dim; d += 32) {
-    const int64_t left = head_dim - d;
-    const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    const __mmask32 mask = ChunkMask(d, head_dim);
     __m512i kv[kTokens];
     #pragma GCC unroll 16
     for (int t = 0; t < kTokens; ++t) kv[t] = _mm512_maskz_loadu_epi16(mask, k[t] + d);
@@ -223,8 +229,7 @@ RPA_BF16_TARGET void PvBlock(const uint32_t* p2, int64_t p_stride, int64_t valid
   for (int64_t d = 0; d < head_dim; d += 32) {
     // The first chunk issues the next tile's prefetches, two rows per pair.
     const bool prefetch = d == 0 && pf != nullptr;
-    const int64_t left = head_dim - d;
-    const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    const __mmask32 mask = ChunkMask(d, head_dim);
     __m512 lo[kRows], hi[kRows];
     for (int r = 0; r < kRows; ++r) {
       const int64_t rr = r < valid_rows ? r : 0;
@@ -286,8 +291,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void Fp8RowsToBf16Impl(
     const uint8_t* src = static_cast<const uint8_t*>(rows[i]);
     uint16_t* out = dst + i * dst_stride;
     for (int64_t d = 0; d < head_dim; d += 32) {
-      const int64_t left = head_dim - d;
-      const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+      const __mmask32 mask = ChunkMask(d, head_dim);
       const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src + d));
       // permutex2var reads index bits [5:0]: entries 0-63 from (t0, t1),
       // 64-127 from (t2, t3); bit 6 picks between them.
@@ -375,8 +379,7 @@ RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t r
 #pragma GCC unroll 16
   for (int t = 0; t < kTokens; ++t) k[t] = k_rows[t < tokens ? t : 0];
   for (int64_t d = 0; d < head_dim; d += 32) {
-    const int64_t left = head_dim - d;
-    const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    const __mmask32 mask = ChunkMask(d, head_dim);
     __m512 ke[kTokens], ko[kTokens];
 #pragma GCC unroll 16
     for (int t = 0; t < kTokens; ++t) LoadWide<kFp8>(k[t], d, mask, lut, &ke[t], &ko[t]);
@@ -392,13 +395,6 @@ RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t r
     }
   }
   StoreLogitsBlock<kRows, kTokens>(acc, rows, tokens, s, s_stride);
-}
-
-// The mask of the elements of the 32-element chunk at d that lie below
-// head_dim (all ones for a whole chunk, zero past the row).
-inline __mmask32 ChunkMask(int64_t d, int64_t head_dim) {
-  const int64_t left = head_dim - d;
-  return left >= 32 ? ~__mmask32{0} : left <= 0 ? __mmask32{0} : (__mmask32{1} << left) - 1;
 }
 
 // acc rows (even/odd order) += sum_t p[r][t] * v_t for kRows rows, over the
