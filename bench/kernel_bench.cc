@@ -108,21 +108,26 @@ void BM_WidePv(benchmark::State& state) { WideDecodeRows(state, true); }
 BENCHMARK(BM_WideLogits)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
 BENCHMARK(BM_WidePv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
 
-// Decode's batch (16 x kv 1024, 32/8 heads, bf16) copied onto a huge-page
-// buffer as many times as add up to 512 MiB, so that successive calls,
-// rotating through the copies, read K/V from memory.
+// Decode's batch: 16 sequences x 1 query, kv 1024, 32/8 heads, head_dim
+// 128, bf16; its K/V bytes and FLOPs per call.
+tools::SyntheticBatch DecodeBatch() {
+  tools::BatchSpec spec;
+  spec.sequences = std::vector<tools::SequenceShape>(16, {1, 1024});
+  return tools::MakeSyntheticBatch(spec);
+}
+constexpr double kDecodeKvBytes = 16.0 * 1024 * 8 * 2 * 128 * 2;
+constexpr double kDecodeFlops = 16.0 * 1024 * 32 * 4 * 128;
+
+// DecodeBatch's pages copied onto a huge-page buffer as many times as add
+// up to 512 MiB, so that successive calls, rotating through the copies,
+// read K/V from memory.
 struct RotatingDecodeCache {
-  RotatingDecodeCache() : batch(MakeBatch()), bytes(batch.kv_pages.size()),
+  RotatingDecodeCache() : batch(DecodeBatch()), bytes(batch.kv_pages.size()),
                           copies(static_cast<int>((size_t{512} << 20) / bytes + 1)),
                           pages(bytes * copies) {
     for (int c = 0; c < copies; ++c) {
       std::memcpy(pages.data + bytes * c, batch.kv_pages.data(), bytes);
     }
-  }
-  static tools::SyntheticBatch MakeBatch() {
-    tools::BatchSpec spec;
-    spec.sequences = std::vector<tools::SequenceShape>(16, {1, 1024});
-    return tools::MakeSyntheticBatch(spec);
   }
   const uint8_t* Copy(int c) const { return pages.data + bytes * c; }
 
@@ -151,17 +156,17 @@ void BM_Decode(benchmark::State& state) {
     RaggedPagedAttention(batch.Q(), view, batch.KvLens(), batch.PageIndices(), batch.CuQLens(),
                          batch.NumSeqs(), options, batch.OutView(out));
   }
-  const double kv_bytes = 16.0 * 1024 * 8 * 2 * 128 * 2;
   state.counters["KV_bytes/s"] =
-      benchmark::Counter(kv_bytes * state.iterations(), benchmark::Counter::kIsRate);
-  state.counters["FLOP/s"] = benchmark::Counter(16.0 * 1024 * 32 * 4 * 128 * state.iterations(),
-                                                benchmark::Counter::kIsRate);
+      benchmark::Counter(kDecodeKvBytes * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(kDecodeFlops * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Decode)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The memory side of BM_Decode alone: the same rows read in the kernel's
 // order (a sequence per task; 32-key tiles; per kv head the tile's K rows,
-// then its V rows) with the same prefetch of the next tile's rows, one load
+// then its V rows: row c of a token, c = 2h for K and 2h + 1 for V, in order
+// of c) with the same prefetch of the next tile's rows, one load
 // per cache line and no arithmetic. Its time bounds the decode call from
 // below on this access pattern, whatever the kernel computes.
 void BM_DecodeMemoryOnly(benchmark::State& state) {
@@ -188,11 +193,9 @@ void BM_DecodeMemoryOnly(benchmark::State& state) {
       for (int64_t t0 = 0; t0 < kv_len; t0 += tile) {
         const bool next = t0 + tile < kv_len;
         for (int64_t c = 0; c < 2 * kv_heads; ++c) {
-          const int64_t kv_c = c / 2 + (c % 2) * kv_heads;  // K of every head, then V.
-          const int64_t c_row = 2 * (kv_c % kv_heads) + kv_c / kv_heads;
           for (int64_t t = t0; t < t0 + tile; ++t) {
-            if (next) internal::PrefetchRow(row(base, seq, t + tile, c_row), row_bytes);
-            const uint8_t* r = row(base, seq, t, c_row);
+            if (next) internal::PrefetchRow(row(base, seq, t + tile, c), row_bytes);
+            const uint8_t* r = row(base, seq, t, c);
             for (int64_t b = 0; b < row_bytes; b += 64) {
               float x;
               std::memcpy(&x, r + b, sizeof(x));
@@ -205,18 +208,15 @@ void BM_DecodeMemoryOnly(benchmark::State& state) {
     });
     benchmark::DoNotOptimize(sums.data());
   }
-  const double kv_bytes = 16.0 * 1024 * 8 * 2 * 128 * 2;
   state.counters["KV_bytes/s"] =
-      benchmark::Counter(kv_bytes * state.iterations(), benchmark::Counter::kIsRate);
+      benchmark::Counter(kDecodeKvBytes * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_DecodeMemoryOnly)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The decode call with every page index 0: K/V stay in the core's caches, so
 // this times the kernel's arithmetic and bookkeeping without memory.
 void BM_DecodeHot(benchmark::State& state) {
-  tools::BatchSpec spec;
-  spec.sequences = std::vector<tools::SequenceShape>(16, {1, 1024});
-  const tools::SyntheticBatch batch = tools::MakeSyntheticBatch(spec);
+  const tools::SyntheticBatch batch = DecodeBatch();
   const std::vector<int32_t> page_zero(batch.page_indices.size(), 0);
   const TensorView pages_view = batch.PageIndices();
   const TensorView hot_pages(page_zero.data(), DType::kI32,
@@ -229,8 +229,8 @@ void BM_DecodeHot(benchmark::State& state) {
     RaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), hot_pages, batch.CuQLens(),
                          batch.NumSeqs(), options, batch.OutView(out));
   }
-  state.counters["FLOP/s"] = benchmark::Counter(16.0 * 1024 * 32 * 4 * 128 * state.iterations(),
-                                                benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(kDecodeFlops * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_DecodeHot)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
