@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -283,6 +284,27 @@ TEST(KernelWideTest, RandomGridMatchesReference) {
   CheckGrid(80, 6 * kGridScale, {DType::kF8E4M3FN, DType::kF8E5M2});
 }
 
+// Decode batches, where the widening path takes the fused tile
+// (WideDecodeTile): 4 q heads per kv head, one query per sequence, mostly no
+// soft cap; windows make some tiles partly visible (the unfused path).
+TEST(KernelWideTest, DecodeGridMatchesReference) {
+  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  AllowBf16DotPath(true);
+  std::mt19937_64 rng(81);
+  for (int i = 0; i < 10 * kGridScale * SoakScale(); ++i) {
+    for (DType kv : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
+      Case c = RandomCase(rng, kv);
+      c.spec.num_q_heads = 4 * c.spec.num_kv_heads;
+      for (SequenceShape& q : c.spec.sequences) q.q_len = std::min(q.kv_len, 1);
+      c.spec.max_num_batched_tokens = std::max<int64_t>(1, c.spec.max_num_seqs);
+      if (i % 3 != 0) c.options.soft_cap.reset();
+      const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+      ExpectClose(c, b, RunCase(c, b, /*fast=*/true), RunCase(c, b, /*fast=*/false));
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 TEST(KernelWideTest, QIndexIsAPermutation) {
   std::vector<int> seen(64, 0);
   for (int64_t d = 0; d < 64; ++d) ++seen[WideQIndex(d)];
@@ -375,6 +397,125 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
             << ToString(dtype) << " head_dim " << head_dim << " rows " << rows;
       }
     }
+  }
+}
+
+// WideDecodeTile (decode's fused tile) against the online-softmax update
+// computed in f64: 4 rows, every key count up to a tile, head dims with and
+// without a chunk tail, a fresh and a running state, bf16 and 8-bit floats.
+TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
+  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  constexpr int64_t kRows = 4;
+  for (DType dtype : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
+    // The loops see e4m3fn values times 2^-8 (kE4M3Rescale).
+    const double stored = dtype == DType::kF8E4M3FN ? 1.0 / 256.0 : 1.0;
+    for (int64_t head_dim : {int64_t{5}, int64_t{64}, int64_t{128}, int64_t{200}}) {
+      for (int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{17}, kWideDecodeMaxKeys}) {
+        for (bool fresh : {true, false}) {
+          const int64_t pad = RoundUp(head_dim, 32);
+          const int64_t elem = static_cast<int64_t>(SizeOf(dtype));
+          std::vector<uint8_t> k(tokens * head_dim * elem), v(k.size());
+          for (int64_t i = 0; i < tokens * head_dim; ++i) {
+            StoreFromF32(dtype, k.data(), i, normal(rng));
+            StoreFromF32(dtype, v.data(), i, normal(rng));
+          }
+          std::vector<const void*> k_rows(tokens), v_rows(tokens);
+          for (int64_t t = 0; t < tokens; ++t) {
+            k_rows[t] = k.data() + t * head_dim * elem;
+            v_rows[t] = v.data() + t * head_dim * elem;
+          }
+          std::vector<float> q(kRows * pad, 0.0f), q_eo(kRows * pad, 0.0f);
+          std::vector<float> m(kRows), l(kRows), acc(kRows * pad, 0.0f);
+          for (int64_t r = 0; r < kRows; ++r) {
+            for (int64_t d = 0; d < head_dim; ++d) {
+              q[r * pad + d] = normal(rng);
+              q_eo[r * pad + WideQIndex(d)] = q[r * pad + d];
+              if (!fresh) acc[r * pad + WideQIndex(d)] = normal(rng);
+            }
+            m[r] = fresh ? -std::numeric_limits<float>::infinity() : normal(rng);
+            l[r] = fresh ? 0.0f : 1.0f + std::fabs(normal(rng));
+          }
+          const float scale = 0.3f;
+          std::vector<float> m_out = m, l_out = l, acc_out = acc;
+          ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), pad, k_rows.data(), v_rows.data(),
+                                     tokens, head_dim, scale, m_out.data(), l_out.data(),
+                                     acc_out.data(), pad, nullptr, nullptr, 0, head_dim * elem));
+          const std::string where = std::string(ToString(dtype)) + " head_dim " +
+                                    std::to_string(head_dim) + " tokens " +
+                                    std::to_string(tokens) + (fresh ? " fresh" : " running");
+          for (int64_t r = 0; r < kRows; ++r) {
+            std::vector<double> z(tokens);
+            double m_new = m[r];
+            for (int64_t t = 0; t < tokens; ++t) {
+              double dot = 0.0;
+              for (int64_t d = 0; d < head_dim; ++d) {
+                dot += double{q[r * pad + d]} * LoadAsF32(dtype, k.data(), t * head_dim + d) *
+                       stored;
+              }
+              z[t] = scale * dot;
+              m_new = std::max(m_new, z[t]);
+            }
+            const double alpha = fresh ? 0.0 : std::exp(m[r] - m_new);
+            double l_new = l[r] * alpha, mass = l[r] * alpha;
+            for (int64_t t = 0; t < tokens; ++t) l_new += std::exp(z[t] - m_new);
+            EXPECT_NEAR(m_out[r], m_new, 1e-5 * (1.0 + std::fabs(m_new))) << where;
+            EXPECT_NEAR(l_out[r], l_new, 1e-5 * l_new) << where;
+            for (int64_t d = 0; d < head_dim; ++d) {
+              double want = acc[r * pad + WideQIndex(d)] * alpha;
+              for (int64_t t = 0; t < tokens; ++t) {
+                const double p = std::exp(z[t] - m_new);
+                want += p * LoadAsF32(dtype, v.data(), t * head_dim + d) * stored;
+                mass += p;
+              }
+              EXPECT_NEAR(acc_out[r * pad + WideQIndex(d)], want, 1e-5 * (mass + 1.0))
+                  << where << " row " << r << " dim " << d;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Where SoftmaxRow's special cases apply (a NaN logit or state, an infinite
+// maximum) WideDecodeTile declines and leaves the state bit-identical.
+TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
+  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  constexpr int64_t kRows = 4, kDim = 64, kTokens = 9;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Variant {
+    const char* name;
+    float key_value;  // Written into dimension 3 of key 5, or of every key.
+    bool every_key;
+    float m0;  // Row 0's running max.
+  };
+  for (const Variant& variant :
+       {Variant{"NaN key", nan, false, 0.0f}, Variant{"+inf key", inf, false, 0.0f},
+        Variant{"-inf keys, no key seen yet", -inf, true, -inf},
+        Variant{"NaN state", 1.0f, false, nan}}) {
+    std::vector<uint16_t> k(kTokens * kDim, BF16FromF32(0.5f).bits), v = k;
+    for (int64_t t = variant.every_key ? 0 : 5; t < (variant.every_key ? kTokens : 6); ++t) {
+      k[t * kDim + 3] = BF16FromF32(variant.key_value).bits;
+    }
+    std::vector<const void*> k_rows(kTokens), v_rows(kTokens);
+    for (int64_t t = 0; t < kTokens; ++t) {
+      k_rows[t] = k.data() + t * kDim;
+      v_rows[t] = v.data() + t * kDim;
+    }
+    std::vector<float> q(kRows * kDim, 1.0f), m(kRows, 0.0f), l(kRows, 1.0f),
+        acc(kRows * kDim, 2.0f);
+    m[0] = variant.m0;
+    const std::vector<float> m_before = m, l_before = l, acc_before = acc;
+    EXPECT_FALSE(WideDecodeTile(DType::kBF16, q.data(), kDim, k_rows.data(), v_rows.data(),
+                                kTokens, kDim, 1.0f, m.data(), l.data(), acc.data(), kDim,
+                                nullptr, nullptr, 0, kDim * 2))
+        << variant.name;
+    EXPECT_EQ(std::memcmp(m.data(), m_before.data(), sizeof(float) * kRows), 0) << variant.name;
+    EXPECT_EQ(l, l_before) << variant.name;
+    EXPECT_EQ(acc, acc_before) << variant.name;
   }
 }
 

@@ -685,6 +685,15 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   sp.window = pr.sliding_window;
   sp.round_bf16 = bf16_path;
 
+  // Decode's fused tiles (WideDecodeTile): 4 rows per kv head, no soft cap;
+  // a tile qualifies when all its keys are visible to every row.
+  const bool fused_decode = wide_path && rows_per_head == 4 && pr.soft_cap == 0.0f;
+  const int64_t first_pos = kv_len - q_len + task.q_begin;
+  const int64_t last_pos = kv_len - q_len + task.q_end - 1;
+  auto all_visible = [&](int64_t begin, int64_t end) {
+    return end - 1 <= first_pos && (pr.sliding_window == 0 || begin > last_pos - pr.sliding_window);
+  };
+
   const int64_t s_stride = ws.token_pad;
   const int64_t elem = static_cast<int64_t>(SizeOf(pr.kv_dtype));
   const int64_t row_bytes = D * elem;
@@ -729,6 +738,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
     }
     const int64_t n_pad = RoundUp(n, static_cast<int64_t>(hn::Lanes(DF())));
     const int64_t kt_stride = RoundUp(n, 2 * static_cast<int64_t>(hn::Lanes(DF())));
+    const bool fused = fused_decode && n <= kWideDecodeMaxKeys && all_visible(t0, t1);
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t i = 0; i < n; ++i) {
         ws.k_rows[i] = k_cur[i] + h * k_head_bytes;
@@ -741,6 +751,11 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       const int64_t r0 = h * rows_per_head;
       float* s_h = ws.s + r0 * s_stride;
       float* acc_h = ws.acc + r0 * dim_pad;
+      if (fused && WideDecodeTile(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, ws.k_rows,
+                                  ws.v_rows, n, D, sp.logit_scale, ws.m + r0, ws.l + r0, acc_h,
+                                  dim_pad, ws.k_next, ws.v_next, n_next, row_bytes)) {
+        continue;
+      }
       if (wide_path) {
         if (fp8 && !fp8_in_loops) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
         WideLogits(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D,

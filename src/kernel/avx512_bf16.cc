@@ -104,18 +104,23 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 SumEach16(const __m
                        _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Stores the logits of a kRows x kTokens block: acc[r * kTokens + t] summed
-// over its lanes, for the rows and tokens that exist.
-template <int kRows, int kTokens>
-RPA_WIDE_TARGET __attribute__((always_inline)) inline void StoreLogitsBlock(
-    const __m512* acc, int64_t rows, int64_t tokens, float* s, int64_t s_stride) {
+// Lane i of the result = the sum of acc[i]'s lanes: a block's 16 logits.
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 BlockLogits(const __m512* acc) {
   // A copy for the reduction: acc's own address never escapes, so GCC keeps
   // it in registers instead of storing all 16 to the stack every step.
   __m512 fin[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) fin[i] = acc[i];
+  return SumEach16(fin);
+}
+
+// Stores a kRows x kTokens block's logits (lane r * kTokens + t) for the
+// rows and tokens that exist.
+template <int kRows, int kTokens>
+RPA_WIDE_TARGET __attribute__((always_inline)) inline void StoreLogitsBlock(
+    __m512 logits, int64_t rows, int64_t tokens, float* s, int64_t s_stride) {
   alignas(64) float sums[16];
-  _mm512_store_ps(sums, SumEach16(fin));
+  _mm512_store_ps(sums, logits);
   const int64_t valid_rows = rows < kRows ? rows : kRows;
   const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
   for (int64_t r = 0; r < valid_rows; ++r) {
@@ -168,7 +173,7 @@ RPA_BF16_TARGET void LogitsBlock(const uint16_t* q_hi, const uint16_t* q_lo, int
       }
     }
   }
-  StoreLogitsBlock<kRows, kTokens>(acc, rows, tokens, s, s_stride);
+  StoreLogitsBlock<kRows, kTokens>(BlockLogits(acc), rows, tokens, s, s_stride);
 }
 
 // Prefetches rows [t, t + n) of the next tile that exist.
@@ -365,19 +370,15 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline void LoadWide(const void* 
   }
 }
 
+// The logits of a kRows x kTokens block (kRows * kTokens = 16) of key rows
+// k[t]: lane r * kTokens + t of the result is q_r . k_t.
 template <int kRows, int kTokens, bool kFp8>
-RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t rows,
-                                     const void* const* k_rows, int64_t tokens,
-                                     int64_t head_dim, float* s, int64_t s_stride,
-                                     const Fp8Table* table) {
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 WideLogitsVector(
+    const float* q, int64_t q_stride, const void* const* k, int64_t head_dim, const Fp8Lut& lut) {
   static_assert(kRows * kTokens == 16);
-  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  const void* k[kTokens];
-#pragma GCC unroll 16
-  for (int t = 0; t < kTokens; ++t) k[t] = k_rows[t < tokens ? t : 0];
   for (int64_t d = 0; d < head_dim; d += 32) {
     const __mmask32 mask = ChunkMask(d, head_dim);
     __m512 ke[kTokens], ko[kTokens];
@@ -394,18 +395,36 @@ RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t r
       }
     }
   }
-  StoreLogitsBlock<kRows, kTokens>(acc, rows, tokens, s, s_stride);
+  return BlockLogits(acc);
+}
+
+template <int kRows, int kTokens, bool kFp8>
+RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t rows,
+                                     const void* const* k_rows, int64_t tokens,
+                                     int64_t head_dim, float* s, int64_t s_stride,
+                                     const Fp8Table* table) {
+  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
+  const void* k[kTokens];
+#pragma GCC unroll 16
+  for (int t = 0; t < kTokens; ++t) k[t] = k_rows[t < tokens ? t : 0];
+  StoreLogitsBlock<kRows, kTokens>(
+      WideLogitsVector<kRows, kTokens, kFp8>(q, q_stride, k, head_dim, lut), rows, tokens, s,
+      s_stride);
 }
 
 // acc rows (even/odd order) += sum_t p[r][t] * v_t for kRows rows, over the
 // kChunks 32-dim chunks from d0: 2 chunks give 4 * kRows independent
 // accumulator chains per key, enough to hide the FMA latency at 4 rows.
-template <int kRows, int kChunks, bool kFp8>
+// p[r][t] is p[r * p_stride + t], or with kBlocked (4 rows) lane r * 4 + t % 4
+// of block t / 4 (16 floats each), the fused decode tile's order.
+// alpha (may be null): row r's accumulator is first scaled by alpha[r].
+template <int kRows, int kChunks, bool kFp8, bool kBlocked = false>
 RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid_rows,
                                  const void* const* v_rows, int64_t tokens, int64_t d0,
                                  int64_t head_dim, float* acc, int64_t acc_stride,
                                  const void* const* pf, int64_t pf_count, int64_t pf_bytes,
-                                 const Fp8Table* table) {
+                                 const Fp8Table* table, const float* alpha = nullptr) {
+  static_assert(!kBlocked || kRows == 4);
   const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
   __mmask32 mask[kChunks];
   for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask(d0 + 32 * c, head_dim);
@@ -417,6 +436,10 @@ RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid
     for (int c = 0; c < kChunks; ++c) {
       ae[c][r] = _mm512_loadu_ps(acc + rr * acc_stride + d0 + 32 * c);
       ao[c][r] = _mm512_loadu_ps(acc + rr * acc_stride + d0 + 32 * c + 16);
+      if (alpha != nullptr) {
+        ae[c][r] = _mm512_mul_ps(ae[c][r], _mm512_set1_ps(alpha[rr]));
+        ao[c][r] = _mm512_mul_ps(ao[c][r], _mm512_set1_ps(alpha[rr]));
+      }
     }
   }
   for (int64_t t = 0; t < tokens; ++t) {
@@ -429,7 +452,8 @@ RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const int64_t rr = r < valid_rows ? r : 0;
-      const __m512 w = _mm512_set1_ps(p[rr * p_stride + t]);
+      const __m512 w = _mm512_set1_ps(kBlocked ? p[(t >> 2) * 16 + rr * 4 + (t & 3)]
+                                               : p[rr * p_stride + t]);
 #pragma GCC unroll 2
       for (int c = 0; c < kChunks; ++c) {
         ae[c][r] = _mm512_fmadd_ps(w, ve[c], ae[c][r]);
@@ -492,19 +516,21 @@ void WideLogitsImpl(const float* q_eo, int64_t q_stride, int64_t rows, const voi
 
 // One row block's PV over the whole head: chunk pairs, then a last single
 // chunk where the chunk count is odd. The first pass issues the prefetches.
-template <int kRows, bool kFp8>
+template <int kRows, bool kFp8, bool kBlocked = false>
 void WidePvRows(const float* p, int64_t p_stride, int64_t valid_rows, const void* const* v_rows,
                 int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
                 const void* const* pf, int64_t pf_count, int64_t pf_bytes,
-                const Fp8Table* table) {
+                const Fp8Table* table, const float* alpha = nullptr) {
   int64_t d = 0;
   for (; d + 32 < head_dim; d += 64) {
-    WidePvBlock<kRows, 2, kFp8>(p, p_stride, valid_rows, v_rows, tokens, d, head_dim, acc,
-                                acc_stride, d == 0 ? pf : nullptr, pf_count, pf_bytes, table);
+    WidePvBlock<kRows, 2, kFp8, kBlocked>(p, p_stride, valid_rows, v_rows, tokens, d, head_dim,
+                                          acc, acc_stride, d == 0 ? pf : nullptr, pf_count,
+                                          pf_bytes, table, alpha);
   }
   if (d < head_dim) {
-    WidePvBlock<kRows, 1, kFp8>(p, p_stride, valid_rows, v_rows, tokens, d, head_dim, acc,
-                                acc_stride, d == 0 ? pf : nullptr, pf_count, pf_bytes, table);
+    WidePvBlock<kRows, 1, kFp8, kBlocked>(p, p_stride, valid_rows, v_rows, tokens, d, head_dim,
+                                          acc, acc_stride, d == 0 ? pf : nullptr, pf_count,
+                                          pf_bytes, table, alpha);
   }
 }
 
@@ -531,6 +557,98 @@ void WidePvImpl(const float* p, int64_t p_stride, int64_t rows, const void* cons
                         acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
                         pf_bytes, table);
   }
+}
+
+
+// e^x for x <= 0, -inf included, within about an ulp; results below the
+// smallest normal float are 0 (they cannot move a sum that holds e^0 = 1).
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 ExpNonPositive(__m512 x) {
+  const __m512 lowest = _mm512_set1_ps(-87.0f);
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
+  x = _mm512_max_ps(x, lowest);  // -inf would make the reduced argument NaN.
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // x - n ln2 in two steps (ln2's high part has trailing zeros: n * hi is exact).
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-6f), r);
+  // Taylor to degree 7 on |r| <= ln2 / 2: truncation below 1e-8.
+  __m512 poly = _mm512_set1_ps(1.0f / 5040);
+  for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) {
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(c));
+  }
+  return _mm512_maskz_scalef_ps(normal, poly, n);
+}
+
+// Lane i of the result: the sum (or max) of the four lanes of v's 128-bit
+// lane that holds i, i.e. of row i / 4 in a logits block.
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 RowMax(__m512 v) {
+  v = _mm512_max_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_max_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 RowSum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+// Lane r (< 4) of the result: lane 4r of v, one per row.
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m128 PerRow(__m512 v) {
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
+}
+
+template <bool kFp8>
+RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride,
+                                        const void* const* k_rows, const void* const* v_rows,
+                                        int64_t n, int64_t head_dim, float logit_scale, float* m,
+                                        float* l, float* acc, int64_t acc_stride,
+                                        const void* const* k_next, const void* const* v_next,
+                                        int64_t n_next, int64_t pf_bytes,
+                                        const Fp8Table* table) {
+  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
+  const __m512 scale = _mm512_set1_ps(logit_scale);
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  // Logits, then weights, in blocks of 4 keys: lane r * 4 + t = (row r, key 4b + t).
+  alignas(64) float w[kWideDecodeMaxKeys / 4 * 16];
+  __m512 vmax = neg_inf;
+  __mmask16 nan = 0;
+  for (int64_t b = 0; 4 * b < n; ++b) {
+    const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
+    if (k_next != nullptr) PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
+    const void* k[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
+    __m512 x = _mm512_mul_ps(WideLogitsVector<4, 4, kFp8>(q_eo, q_stride, k, head_dim, lut), scale);
+    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    // The lanes of keys t < valid, in every row.
+    const __mmask16 keys = static_cast<__mmask16>(((1u << valid) - 1) * 0x1111u);
+    x = _mm512_mask_blend_ps(keys, neg_inf, x);
+    vmax = _mm512_max_ps(vmax, x);
+    _mm512_store_ps(w + 16 * b, x);
+  }
+  const __m512 m_old = _mm512_permutexvar_ps(
+      _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+      _mm512_castps128_ps512(_mm_loadu_ps(m)));
+  const __m512 m_new = _mm512_max_ps(m_old, RowMax(vmax));
+  // A NaN (here or in the state) and infinite maxima follow SoftmaxRow's rules.
+  const __mmask16 finite =
+      _mm512_cmp_ps_mask(_mm512_sub_ps(m_new, m_new), _mm512_setzero_ps(), _CMP_EQ_OQ);
+  if (nan != 0 || finite != 0xFFFF || _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q) != 0) {
+    return false;
+  }
+  const __m512 alpha = ExpNonPositive(_mm512_sub_ps(m_old, m_new));  // m_old = -inf: 0.
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t b = 0; 4 * b < n; ++b) {
+    const __m512 p = ExpNonPositive(_mm512_sub_ps(_mm512_load_ps(w + 16 * b), m_new));
+    sum = _mm512_add_ps(sum, p);
+    _mm512_store_ps(w + 16 * b, p);
+  }
+  const __m128 alpha_rows = PerRow(alpha);
+  _mm_storeu_ps(m, PerRow(m_new));
+  _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha_rows), PerRow(RowSum(sum))));
+  alignas(16) float alpha4[4];
+  _mm_store_ps(alpha4, alpha_rows);
+  WidePvRows<4, kFp8, true>(w, 0, 4, v_rows, n, head_dim, acc, acc_stride, v_next, n_next,
+                            pf_bytes, table, alpha4);
+  return true;
 }
 
 }  // namespace
@@ -561,6 +679,22 @@ void WidePv(DType v_dtype, const float* p, int64_t p_stride, int64_t rows,
     WidePvImpl<false>(p, p_stride, rows, v_rows, tokens, head_dim, acc, acc_stride, pf,
                       pf_count, pf_bytes, nullptr);
   }
+}
+
+bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride,
+                    const void* const* k_rows, const void* const* v_rows, int64_t tokens,
+                    int64_t head_dim, float logit_scale, float* m, float* l, float* acc,
+                    int64_t acc_stride, const void* const* k_next, const void* const* v_next,
+                    int64_t next_count, int64_t row_bytes) {
+  const Fp8Table* table = Fp8TableOf(kv_dtype);
+  if (table != nullptr) {
+    return WideDecodeTileImpl<true>(q_eo, q_stride, k_rows, v_rows, tokens, head_dim,
+                                    logit_scale, m, l, acc, acc_stride, k_next, v_next,
+                                    next_count, row_bytes, table);
+  }
+  return WideDecodeTileImpl<false>(q_eo, q_stride, k_rows, v_rows, tokens, head_dim,
+                                   logit_scale, m, l, acc, acc_stride, k_next, v_next,
+                                   next_count, row_bytes, nullptr);
 }
 
 void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
@@ -625,6 +759,11 @@ bool CpuHasAvx512Bf16() { return false; }
 bool CpuHasAvx512Bw() { return false; }
 void WideLogits(DType, const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
                 float*, int64_t, const void* const*, int64_t, int64_t) {}
+bool WideDecodeTile(DType, const float*, int64_t, const void* const*, const void* const*,
+                    int64_t, int64_t, float, float*, float*, float*, int64_t, const void* const*,
+                    const void* const*, int64_t, int64_t) {
+  return false;
+}
 void WidePv(DType, const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
             float*, int64_t, const void* const*, int64_t, int64_t) {}
 void Fp8RowsToBf16(DType, const void**, int64_t, int64_t, uint16_t*, int64_t) {}

@@ -155,6 +155,22 @@ void WidePv(DType v_dtype, const float* p, int64_t p_stride, int64_t rows,
             const void* const* v_rows, int64_t tokens, int64_t head_dim, float* acc,
             int64_t acc_stride, const void* const* prefetch_rows, int64_t prefetch_count,
             int64_t prefetch_bytes);
+// Decode's common case on the widening path, fused: one kv head's 4 rows
+// (its q heads at one query token, or fewer heads at more tokens) over a
+// tile of tokens <= kWideDecodeMaxKeys keys that every row sees (no mask
+// inside the tile, no soft cap): logits, the online-softmax update of m, l
+// and acc (as SoftmaxRow does it, the 4 rows' reductions in one vector) and
+// PV, with the weights kept in a 2 KiB stack block instead of the logits
+// scratch. Arguments as in WideLogits / WidePv; logit_scale multiplies the
+// logits. Returns false, with m, l and acc untouched, where a logit is NaN
+// or a row's maximum is not finite (or m is NaN): those take SoftmaxRow's
+// path.
+inline constexpr int64_t kWideDecodeMaxKeys = 32;
+bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride,
+                    const void* const* k_rows, const void* const* v_rows, int64_t tokens,
+                    int64_t head_dim, float logit_scale, float* m, float* l, float* acc,
+                    int64_t acc_stride, const void* const* k_next, const void* const* v_next,
+                    int64_t next_count, int64_t row_bytes);
 // Where dimension d lives on the widening path: within each 32-dimension
 // chunk, the even dimensions first, then the odd ones.
 inline int64_t WideQIndex(int64_t d) {
