@@ -416,16 +416,17 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
         for (bool fresh : {true, false}) {
           const int64_t pad = RoundUp(head_dim, 32);
           const int64_t elem = static_cast<int64_t>(SizeOf(dtype));
-          std::vector<uint8_t> k(tokens * head_dim * elem), v(k.size());
-          for (int64_t i = 0; i < tokens * head_dim; ++i) {
-            StoreFromF32(dtype, k.data(), i, normal(rng));
-            StoreFromF32(dtype, v.data(), i, normal(rng));
+          // K rows, then V rows, in one buffer: V row i is K row i's
+          // pointer plus v_offset, as a page's other kv heads are.
+          const int64_t v_offset = tokens * head_dim * elem;
+          std::vector<uint8_t> kv(2 * v_offset);
+          for (int64_t i = 0; i < 2 * tokens * head_dim; ++i) {
+            StoreFromF32(dtype, kv.data(), i, normal(rng));
           }
-          std::vector<const void*> k_rows(tokens), v_rows(tokens);
-          for (int64_t t = 0; t < tokens; ++t) {
-            k_rows[t] = k.data() + t * head_dim * elem;
-            v_rows[t] = v.data() + t * head_dim * elem;
-          }
+          const uint8_t* k = kv.data();
+          const uint8_t* v = kv.data() + v_offset;
+          std::vector<const uint8_t*> rows(tokens);
+          for (int64_t t = 0; t < tokens; ++t) rows[t] = k + t * head_dim * elem;
           std::vector<float> q(kRows * pad, 0.0f), q_eo(kRows * pad, 0.0f);
           std::vector<float> m(kRows), l(kRows), acc(kRows * pad, 0.0f);
           for (int64_t r = 0; r < kRows; ++r) {
@@ -439,9 +440,11 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
           }
           const float scale = 0.3f;
           std::vector<float> m_out = m, l_out = l, acc_out = acc;
-          ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), pad, k_rows.data(), v_rows.data(),
-                                     tokens, head_dim, scale, m_out.data(), l_out.data(),
-                                     acc_out.data(), pad, nullptr, nullptr, 0, head_dim * elem));
+          // The rows again as the "next tile": prefetched, never read.
+          ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), pad, rows.data(), rows.data(), 0,
+                                     v_offset, tokens, head_dim, scale, m_out.data(),
+                                     l_out.data(), acc_out.data(), pad, rows.data(), rows.data(),
+                                     tokens, head_dim * elem));
           const std::string where = std::string(ToString(dtype)) + " head_dim " +
                                     std::to_string(head_dim) + " tokens " +
                                     std::to_string(tokens) + (fresh ? " fresh" : " running");
@@ -451,8 +454,7 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
             for (int64_t t = 0; t < tokens; ++t) {
               double dot = 0.0;
               for (int64_t d = 0; d < head_dim; ++d) {
-                dot += double{q[r * pad + d]} * LoadAsF32(dtype, k.data(), t * head_dim + d) *
-                       stored;
+                dot += double{q[r * pad + d]} * LoadAsF32(dtype, k, t * head_dim + d) * stored;
               }
               z[t] = scale * dot;
               m_new = std::max(m_new, z[t]);
@@ -466,7 +468,7 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
               double want = acc[r * pad + WideQIndex(d)] * alpha;
               for (int64_t t = 0; t < tokens; ++t) {
                 const double p = std::exp(z[t] - m_new);
-                want += p * LoadAsF32(dtype, v.data(), t * head_dim + d) * stored;
+                want += p * LoadAsF32(dtype, v, t * head_dim + d) * stored;
                 mass += p;
               }
               EXPECT_NEAR(acc_out[r * pad + WideQIndex(d)], want, 1e-5 * (mass + 1.0))
@@ -500,18 +502,18 @@ TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
     for (int64_t t = variant.every_key ? 0 : 5; t < (variant.every_key ? kTokens : 6); ++t) {
       k[t * kDim + 3] = BF16FromF32(variant.key_value).bits;
     }
-    std::vector<const void*> k_rows(kTokens), v_rows(kTokens);
+    std::vector<const uint8_t*> k_rows(kTokens), v_rows(kTokens);
     for (int64_t t = 0; t < kTokens; ++t) {
-      k_rows[t] = k.data() + t * kDim;
-      v_rows[t] = v.data() + t * kDim;
+      k_rows[t] = reinterpret_cast<const uint8_t*>(k.data() + t * kDim);
+      v_rows[t] = reinterpret_cast<const uint8_t*>(v.data() + t * kDim);
     }
     std::vector<float> q(kRows * kDim, 1.0f), m(kRows, 0.0f), l(kRows, 1.0f),
         acc(kRows * kDim, 2.0f);
     m[0] = variant.m0;
     const std::vector<float> m_before = m, l_before = l, acc_before = acc;
-    EXPECT_FALSE(WideDecodeTile(DType::kBF16, q.data(), kDim, k_rows.data(), v_rows.data(),
-                                kTokens, kDim, 1.0f, m.data(), l.data(), acc.data(), kDim,
-                                nullptr, nullptr, 0, kDim * 2))
+    EXPECT_FALSE(WideDecodeTile(DType::kBF16, q.data(), kDim, k_rows.data(), v_rows.data(), 0,
+                                0, kTokens, kDim, 1.0f, m.data(), l.data(), acc.data(), kDim,
+                                k_rows.data(), v_rows.data(), 0, kDim * 2))
         << variant.name;
     EXPECT_EQ(std::memcmp(m.data(), m_before.data(), sizeof(float) * kRows), 0) << variant.name;
     EXPECT_EQ(l, l_before) << variant.name;

@@ -740,6 +740,15 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
     const int64_t kt_stride = RoundUp(n, 2 * static_cast<int64_t>(hn::Lanes(DF())));
     const bool fused = fused_decode && n <= kWideDecodeMaxKeys && all_visible(t0, t1);
     for (int64_t h = 0; h < heads; ++h) {
+      const int64_t r0 = h * rows_per_head;
+      float* s_h = ws.s + r0 * s_stride;
+      float* acc_h = ws.acc + r0 * dim_pad;
+      if (fused && WideDecodeTile(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, k_cur, v_cur,
+                                  h * k_head_bytes, h * v_head_bytes, n, D, sp.logit_scale,
+                                  ws.m + r0, ws.l + r0, acc_h, dim_pad, k_nb, v_nb, n_next,
+                                  row_bytes)) {
+        continue;
+      }
       for (int64_t i = 0; i < n; ++i) {
         ws.k_rows[i] = k_cur[i] + h * k_head_bytes;
         ws.v_rows[i] = v_cur[i] + h * v_head_bytes;
@@ -747,14 +756,6 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       for (int64_t i = 0; i < n_next; ++i) {
         ws.k_next[i] = k_nb[i] + h * k_head_bytes;
         ws.v_next[i] = v_nb[i] + h * v_head_bytes;
-      }
-      const int64_t r0 = h * rows_per_head;
-      float* s_h = ws.s + r0 * s_stride;
-      float* acc_h = ws.acc + r0 * dim_pad;
-      if (fused && WideDecodeTile(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, ws.k_rows,
-                                  ws.v_rows, n, D, sp.logit_scale, ws.m + r0, ws.l + r0, acc_h,
-                                  dim_pad, ws.k_next, ws.v_next, n_next, row_bytes)) {
-        continue;
       }
       if (wide_path) {
         if (fp8 && !fp8_in_loops) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);

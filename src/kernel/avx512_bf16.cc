@@ -176,9 +176,17 @@ RPA_BF16_TARGET void LogitsBlock(const uint16_t* q_hi, const uint16_t* q_lo, int
   StoreLogitsBlock<kRows, kTokens>(BlockLogits(acc), rows, tokens, s, s_stride);
 }
 
+// Row i of a tile at rows[i] + offset bytes: one array of row pointers (of
+// the first kv head) serves every kv head of a multi-head tile.
+struct OffsetRows {
+  const uint8_t* const* rows;
+  int64_t offset;
+  const void* operator[](int64_t i) const { return rows[i] + offset; }
+};
+
 // Prefetches rows [t, t + n) of the next tile that exist.
-inline void PrefetchRows(const void* const* rows, int64_t count, int64_t t, int64_t n,
-                         int64_t bytes) {
+template <class Rows>
+inline void PrefetchRows(const Rows& rows, int64_t count, int64_t t, int64_t n, int64_t bytes) {
   for (int64_t i = t; i < t + n && i < count; ++i) PrefetchRow(rows[i], bytes);
 }
 
@@ -418,11 +426,12 @@ RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t r
 // p[r][t] is p[r * p_stride + t], or with kBlocked (4 rows) lane r * 4 + t % 4
 // of block t / 4 (16 floats each), the fused decode tile's order.
 // alpha (may be null): row r's accumulator is first scaled by alpha[r].
-template <int kRows, int kChunks, bool kFp8, bool kBlocked = false>
+template <int kRows, int kChunks, bool kFp8, bool kBlocked = false,
+          class Rows = const void* const*>
 RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid_rows,
-                                 const void* const* v_rows, int64_t tokens, int64_t d0,
+                                 const Rows& v_rows, int64_t tokens, int64_t d0,
                                  int64_t head_dim, float* acc, int64_t acc_stride,
-                                 const void* const* pf, int64_t pf_count, int64_t pf_bytes,
+                                 const Rows* pf, int64_t pf_count, int64_t pf_bytes,
                                  const Fp8Table* table, const float* alpha = nullptr) {
   static_assert(!kBlocked || kRows == 4);
   const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
@@ -443,7 +452,7 @@ RPA_WIDE_TARGET void WidePvBlock(const float* p, int64_t p_stride, int64_t valid
     }
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    if (pf != nullptr && t < pf_count) PrefetchRow(pf[t], pf_bytes);
+    if (pf != nullptr && t < pf_count) PrefetchRow((*pf)[t], pf_bytes);
     __m512 ve[kChunks], vo[kChunks];
 #pragma GCC unroll 2
     for (int c = 0; c < kChunks; ++c) {
@@ -516,11 +525,11 @@ void WideLogitsImpl(const float* q_eo, int64_t q_stride, int64_t rows, const voi
 
 // One row block's PV over the whole head: chunk pairs, then a last single
 // chunk where the chunk count is odd. The first pass issues the prefetches.
-template <int kRows, bool kFp8, bool kBlocked = false>
-void WidePvRows(const float* p, int64_t p_stride, int64_t valid_rows, const void* const* v_rows,
-                int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride,
-                const void* const* pf, int64_t pf_count, int64_t pf_bytes,
-                const Fp8Table* table, const float* alpha = nullptr) {
+template <int kRows, bool kFp8, bool kBlocked = false, class Rows = const void* const*>
+void WidePvRows(const float* p, int64_t p_stride, int64_t valid_rows, const Rows& v_rows,
+                int64_t tokens, int64_t head_dim, float* acc, int64_t acc_stride, const Rows* pf,
+                int64_t pf_count, int64_t pf_bytes, const Fp8Table* table,
+                const float* alpha = nullptr) {
   int64_t d = 0;
   for (; d + 32 < head_dim; d += 64) {
     WidePvBlock<kRows, 2, kFp8, kBlocked>(p, p_stride, valid_rows, v_rows, tokens, d, head_dim,
@@ -543,19 +552,19 @@ void WidePvImpl(const float* p, int64_t p_stride, int64_t rows, const void* cons
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     WidePvRows<4, kFp8>(p + r * p_stride, p_stride, 4, v_rows, tokens, head_dim,
-                        acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
-                        pf_bytes, table);
+                        acc + r * acc_stride, acc_stride, r == 0 && pf != nullptr ? &pf : nullptr,
+                        pf_count, pf_bytes, table);
   }
   if (rows - r >= 2) {
     WidePvRows<2, kFp8>(p + r * p_stride, p_stride, 2, v_rows, tokens, head_dim,
-                        acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
-                        pf_bytes, table);
+                        acc + r * acc_stride, acc_stride, r == 0 && pf != nullptr ? &pf : nullptr,
+                        pf_count, pf_bytes, table);
     r += 2;
   }
   if (rows - r == 1) {
     WidePvRows<1, kFp8>(p + r * p_stride, p_stride, 1, v_rows, tokens, head_dim,
-                        acc + r * acc_stride, acc_stride, r == 0 ? pf : nullptr, pf_count,
-                        pf_bytes, table);
+                        acc + r * acc_stride, acc_stride, r == 0 && pf != nullptr ? &pf : nullptr,
+                        pf_count, pf_bytes, table);
   }
 }
 
@@ -597,10 +606,10 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m128 PerRow(__m512 v) {
 
 template <bool kFp8>
 RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride,
-                                        const void* const* k_rows, const void* const* v_rows,
+                                        const OffsetRows& k_rows, const OffsetRows& v_rows,
                                         int64_t n, int64_t head_dim, float logit_scale, float* m,
                                         float* l, float* acc, int64_t acc_stride,
-                                        const void* const* k_next, const void* const* v_next,
+                                        const OffsetRows& k_next, const OffsetRows& v_next,
                                         int64_t n_next, int64_t pf_bytes,
                                         const Fp8Table* table) {
   const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
@@ -612,7 +621,7 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride,
   __mmask16 nan = 0;
   for (int64_t b = 0; 4 * b < n; ++b) {
     const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
-    if (k_next != nullptr) PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
+    PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
     const void* k[4];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
@@ -646,7 +655,7 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride,
   _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha_rows), PerRow(RowSum(sum))));
   alignas(16) float alpha4[4];
   _mm_store_ps(alpha4, alpha_rows);
-  WidePvRows<4, kFp8, true>(w, 0, 4, v_rows, n, head_dim, acc, acc_stride, v_next, n_next,
+  WidePvRows<4, kFp8, true>(w, 0, 4, v_rows, n, head_dim, acc, acc_stride, &v_next, n_next,
                             pf_bytes, table, alpha4);
   return true;
 }
@@ -682,19 +691,20 @@ void WidePv(DType v_dtype, const float* p, int64_t p_stride, int64_t rows,
 }
 
 bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride,
-                    const void* const* k_rows, const void* const* v_rows, int64_t tokens,
-                    int64_t head_dim, float logit_scale, float* m, float* l, float* acc,
-                    int64_t acc_stride, const void* const* k_next, const void* const* v_next,
+                    const uint8_t* const* k_rows, const uint8_t* const* v_rows,
+                    int64_t k_offset, int64_t v_offset, int64_t tokens, int64_t head_dim,
+                    float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
+                    const uint8_t* const* k_next, const uint8_t* const* v_next,
                     int64_t next_count, int64_t row_bytes) {
+  const OffsetRows k{k_rows, k_offset}, v{v_rows, v_offset};
+  const OffsetRows kn{k_next, k_offset}, vn{v_next, v_offset};
   const Fp8Table* table = Fp8TableOf(kv_dtype);
   if (table != nullptr) {
-    return WideDecodeTileImpl<true>(q_eo, q_stride, k_rows, v_rows, tokens, head_dim,
-                                    logit_scale, m, l, acc, acc_stride, k_next, v_next,
-                                    next_count, row_bytes, table);
+    return WideDecodeTileImpl<true>(q_eo, q_stride, k, v, tokens, head_dim, logit_scale, m, l,
+                                    acc, acc_stride, kn, vn, next_count, row_bytes, table);
   }
-  return WideDecodeTileImpl<false>(q_eo, q_stride, k_rows, v_rows, tokens, head_dim,
-                                   logit_scale, m, l, acc, acc_stride, k_next, v_next,
-                                   next_count, row_bytes, nullptr);
+  return WideDecodeTileImpl<false>(q_eo, q_stride, k, v, tokens, head_dim, logit_scale, m, l,
+                                   acc, acc_stride, kn, vn, next_count, row_bytes, nullptr);
 }
 
 void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
@@ -759,9 +769,9 @@ bool CpuHasAvx512Bf16() { return false; }
 bool CpuHasAvx512Bw() { return false; }
 void WideLogits(DType, const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
                 float*, int64_t, const void* const*, int64_t, int64_t) {}
-bool WideDecodeTile(DType, const float*, int64_t, const void* const*, const void* const*,
-                    int64_t, int64_t, float, float*, float*, float*, int64_t, const void* const*,
-                    const void* const*, int64_t, int64_t) {
+bool WideDecodeTile(DType, const float*, int64_t, const uint8_t* const*, const uint8_t* const*,
+                    int64_t, int64_t, int64_t, int64_t, float, float*, float*, float*, int64_t,
+                    const uint8_t* const*, const uint8_t* const*, int64_t, int64_t) {
   return false;
 }
 void WidePv(DType, const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
