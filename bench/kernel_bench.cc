@@ -110,8 +110,9 @@ BENCHMARK(BM_WidePv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args
 
 // Decode's batch: 16 sequences x 1 query, kv 1024, 32/8 heads, head_dim
 // 128, bf16; its K/V bytes and FLOPs per call.
-tools::SyntheticBatch DecodeBatch() {
+tools::SyntheticBatch DecodeBatch(int64_t q_heads_per_kv_head = 4) {
   tools::BatchSpec spec;
+  spec.num_q_heads = spec.num_kv_heads * q_heads_per_kv_head;
   spec.sequences = std::vector<tools::SequenceShape>(16, {1, 1024});
   return tools::MakeSyntheticBatch(spec);
 }
@@ -215,8 +216,11 @@ BENCHMARK(BM_DecodeMemoryOnly)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::k
 
 // The decode call with every page index 0: K/V stay in the core's caches, so
 // this times the kernel's arithmetic and bookkeeping without memory.
+// range(0) threads, range(1) q heads per kv head (4: decode's shape; 8 as
+// Llama-3-70B, 7 as Qwen2.5-7B).
 void BM_DecodeHot(benchmark::State& state) {
-  const tools::SyntheticBatch batch = DecodeBatch();
+  const int64_t group = state.range(1);
+  const tools::SyntheticBatch batch = DecodeBatch(group);
   const std::vector<int32_t> page_zero(batch.page_indices.size(), 0);
   const TensorView pages_view = batch.PageIndices();
   const TensorView hot_pages(page_zero.data(), DType::kI32,
@@ -229,10 +233,16 @@ void BM_DecodeHot(benchmark::State& state) {
     RaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), hot_pages, batch.CuQLens(),
                          batch.NumSeqs(), options, batch.OutView(out));
   }
-  state.counters["FLOP/s"] =
-      benchmark::Counter(kDecodeFlops * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] = benchmark::Counter(kDecodeFlops * group / 4 * state.iterations(),
+                                                benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_DecodeHot)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DecodeHot)
+    ->Args({1, 4})
+    ->Args({2, 4})
+    ->Args({1, 8})
+    ->Args({1, 7})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace rpa

@@ -285,8 +285,9 @@ TEST(KernelWideTest, RandomGridMatchesReference) {
 }
 
 // Decode batches, where the widening path takes the fused tile
-// (WideDecodeTile): 4 q heads per kv head, one query per sequence, mostly no
-// soft cap; windows make some tiles partly visible (the unfused path).
+// (WideDecodeTile): 3-8 q heads per kv head (groups of 4, a last 3, and a
+// last 1-2 rows unfused), one or two queries per sequence, mostly no soft
+// cap; windows make some tiles partly visible (the unfused path).
 TEST(KernelWideTest, DecodeGridMatchesReference) {
   if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   AllowBf16DotPath(true);
@@ -294,9 +295,11 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
   for (int i = 0; i < 10 * kGridScale * SoakScale(); ++i) {
     for (DType kv : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
       Case c = RandomCase(rng, kv);
-      c.spec.num_q_heads = 4 * c.spec.num_kv_heads;
-      for (SequenceShape& q : c.spec.sequences) q.q_len = std::min(q.kv_len, 1);
-      c.spec.max_num_batched_tokens = std::max<int64_t>(1, c.spec.max_num_seqs);
+      const int64_t group = 3 + i % 6;
+      const int32_t queries = i % 5 == 4 ? 2 : 1;
+      c.spec.num_q_heads = group * c.spec.num_kv_heads;
+      for (SequenceShape& q : c.spec.sequences) q.q_len = std::min(q.kv_len, queries);
+      c.spec.max_num_batched_tokens = std::max<int64_t>(1, queries * c.spec.max_num_seqs);
       if (i % 3 != 0) c.options.soft_cap.reset();
       const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
       ExpectClose(c, b, RunCase(c, b, /*fast=*/true), RunCase(c, b, /*fast=*/false));
@@ -401,13 +404,16 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
 }
 
 // WideDecodeTile (decode's fused tile) against the online-softmax update
-// computed in f64: 4 rows, every key count up to a tile, head dims with and
-// without a chunk tail, a fresh and a running state, bf16 and 8-bit floats.
+// computed in f64: 1-4 rows, every key count up to a tile, head dims with
+// and without a chunk tail, a fresh and a running state, bf16 and 8-bit
+// floats; the state of rows past `rows` (and the rows' scratch past them)
+// stays untouched.
 TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
   if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
   constexpr int64_t kRows = 4;
+  int64_t rows = 0;
   for (DType dtype : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
     // The loops see e4m3fn values times 2^-8 (kE4M3Rescale).
     const double stored = dtype == DType::kF8E4M3FN ? 1.0 / 256.0 : 1.0;
@@ -425,8 +431,8 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
           }
           const uint8_t* k = kv.data();
           const uint8_t* v = kv.data() + v_offset;
-          std::vector<const uint8_t*> rows(tokens);
-          for (int64_t t = 0; t < tokens; ++t) rows[t] = k + t * head_dim * elem;
+          std::vector<const uint8_t*> key_rows(tokens);
+          for (int64_t t = 0; t < tokens; ++t) key_rows[t] = k + t * head_dim * elem;
           std::vector<float> q(kRows * pad, 0.0f), q_eo(kRows * pad, 0.0f);
           std::vector<float> m(kRows), l(kRows), acc(kRows * pad, 0.0f);
           for (int64_t r = 0; r < kRows; ++r) {
@@ -439,16 +445,25 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
             l[r] = fresh ? 0.0f : 1.0f + std::fabs(normal(rng));
           }
           const float scale = 0.3f;
+          rows = rows % kRows + 1;
           std::vector<float> m_out = m, l_out = l, acc_out = acc;
           // The rows again as the "next tile": prefetched, never read.
-          ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), pad, rows.data(), rows.data(), 0,
-                                     v_offset, tokens, head_dim, scale, m_out.data(),
-                                     l_out.data(), acc_out.data(), pad, rows.data(), rows.data(),
-                                     tokens, head_dim * elem));
+          ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), pad, rows, key_rows.data(),
+                                     key_rows.data(), 0, v_offset, tokens, head_dim, scale,
+                                     m_out.data(), l_out.data(), acc_out.data(), pad,
+                                     key_rows.data(), key_rows.data(), tokens,
+                                     head_dim * elem));
           const std::string where = std::string(ToString(dtype)) + " head_dim " +
                                     std::to_string(head_dim) + " tokens " +
-                                    std::to_string(tokens) + (fresh ? " fresh" : " running");
-          for (int64_t r = 0; r < kRows; ++r) {
+                                    std::to_string(tokens) + " rows " + std::to_string(rows) +
+                                    (fresh ? " fresh" : " running");
+          for (int64_t r = rows; r < kRows; ++r) {
+            EXPECT_EQ(std::memcmp(&m_out[r], &m[r], sizeof(float)), 0) << where;
+            EXPECT_EQ(l_out[r], l[r]) << where;
+            EXPECT_EQ(std::memcmp(&acc_out[r * pad], &acc[r * pad], sizeof(float) * pad), 0)
+                << where;
+          }
+          for (int64_t r = 0; r < rows; ++r) {
             std::vector<double> z(tokens);
             double m_new = m[r];
             for (int64_t t = 0; t < tokens; ++t) {
@@ -511,8 +526,8 @@ TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
         acc(kRows * kDim, 2.0f);
     m[0] = variant.m0;
     const std::vector<float> m_before = m, l_before = l, acc_before = acc;
-    EXPECT_FALSE(WideDecodeTile(DType::kBF16, q.data(), kDim, k_rows.data(), v_rows.data(), 0,
-                                0, kTokens, kDim, 1.0f, m.data(), l.data(), acc.data(), kDim,
+    EXPECT_FALSE(WideDecodeTile(DType::kBF16, q.data(), kDim, kRows, k_rows.data(),
+                                v_rows.data(), 0, 0, kTokens, kDim, 1.0f, m.data(), l.data(), acc.data(), kDim,
                                 k_rows.data(), v_rows.data(), 0, kDim * 2))
         << variant.name;
     EXPECT_EQ(std::memcmp(m.data(), m_before.data(), sizeof(float) * kRows), 0) << variant.name;

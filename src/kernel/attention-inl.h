@@ -685,9 +685,12 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   sp.window = pr.sliding_window;
   sp.round_bf16 = bf16_path;
 
-  // Decode's fused tiles (WideDecodeTile): 4 rows per kv head, no soft cap;
-  // a tile qualifies when all its keys are visible to every row.
-  const bool fused_decode = wide_path && rows_per_head == 4 && pr.soft_cap == 0.0f;
+  // Decode's fused tiles (WideDecodeTile): 3-8 rows per kv head (fp8 is
+  // converted in the loops up to 8), no soft cap; a tile qualifies when all
+  // its keys are visible to every row. Rows go in groups of 4 and a last
+  // group of 3; a last 1 or 2 rows take the unfused path, cheaper for them.
+  const bool fused_decode =
+      wide_path && rows_per_head >= 3 && rows_per_head <= 8 && pr.soft_cap == 0.0f;
   const int64_t first_pos = kv_len - q_len + task.q_begin;
   const int64_t last_pos = kv_len - q_len + task.q_end - 1;
   auto all_visible = [&](int64_t begin, int64_t end) {
@@ -740,74 +743,84 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
     const int64_t kt_stride = RoundUp(n, 2 * static_cast<int64_t>(hn::Lanes(DF())));
     const bool fused = fused_decode && n <= kWideDecodeMaxKeys && all_visible(t0, t1);
     for (int64_t h = 0; h < heads; ++h) {
-      const int64_t r0 = h * rows_per_head;
+      // Rows [h * rows_per_head, r0) done by fused tiles; [r0, r0 + rows) left.
+      int64_t r0 = h * rows_per_head;
+      int64_t rows_left = rows_per_head;
+      while (fused && rows_left >= 3) {
+        const int64_t group = std::min<int64_t>(rows_left, 4);
+        const bool first = rows_left == rows_per_head;  // It prefetches the next tile.
+        if (!WideDecodeTile(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, group, k_cur, v_cur,
+                            h * k_head_bytes, h * v_head_bytes, n, D, sp.logit_scale, ws.m + r0,
+                            ws.l + r0, ws.acc + r0 * dim_pad, dim_pad, first ? k_nb : nullptr,
+                            v_nb, n_next, row_bytes)) {
+          break;
+        }
+        r0 += group;
+        rows_left -= group;
+      }
+      if (rows_left == 0) continue;
+      const int64_t next_count = rows_left == rows_per_head ? n_next : 0;
       float* s_h = ws.s + r0 * s_stride;
       float* acc_h = ws.acc + r0 * dim_pad;
-      if (fused && WideDecodeTile(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, k_cur, v_cur,
-                                  h * k_head_bytes, h * v_head_bytes, n, D, sp.logit_scale,
-                                  ws.m + r0, ws.l + r0, acc_h, dim_pad, k_nb, v_nb, n_next,
-                                  row_bytes)) {
-        continue;
-      }
       for (int64_t i = 0; i < n; ++i) {
         ws.k_rows[i] = k_cur[i] + h * k_head_bytes;
         ws.v_rows[i] = v_cur[i] + h * v_head_bytes;
       }
-      for (int64_t i = 0; i < n_next; ++i) {
+      for (int64_t i = 0; i < next_count; ++i) {
         ws.k_next[i] = k_nb[i] + h * k_head_bytes;
         ws.v_next[i] = v_nb[i] + h * v_head_bytes;
       }
       if (wide_path) {
         if (fp8 && !fp8_in_loops) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
-        WideLogits(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D,
-                   s_h, s_stride, ws.k_next, n_next, row_bytes);
+        WideLogits(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, rows_left, ws.k_rows, n, D,
+                   s_h, s_stride, ws.k_next, next_count, row_bytes);
       } else if (bf16_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.k_rows, n, D, ws.kv_bf16, dim_pad);
         Bf16Logits(ws.q_hi + r0 * dim_pad, q_lo != nullptr ? q_lo + r0 * dim_pad : nullptr,
-                   dim_pad, rows_per_head, ws.k_rows, n, D, s_h, s_stride, ws.k_next, n_next);
+                   dim_pad, rows_left, ws.k_rows, n, D, s_h, s_stride, ws.k_next, next_count);
         // hi + lo: an infinite K element makes 0 * inf = NaN in the lo term
         // (or inf - inf across the two) where q . k is a signed infinity.
         // Rare, so such logits are recomputed in f32 from the f32 q.
         if (q_lo != nullptr) {
-          FixNanLogits(ws.q + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D, s_h,
+          FixNanLogits(ws.q + r0 * dim_pad, dim_pad, rows_left, ws.k_rows, n, D, s_h,
                        s_stride);
         }
       } else {
-        for (int64_t i = 0; i < n_next; ++i) PrefetchRow(ws.k_next[i], row_bytes);
+        for (int64_t i = 0; i < next_count; ++i) PrefetchRow(ws.k_next[i], row_bytes);
         VisitKvElem(pr.kv_dtype, [&](auto tag) HWY_ATTR {
           using T = decltype(tag);
           if (packed) {
             PackKeysTransposed<T>(ws.k_rows, n, D, ws.packed, kt_stride);
-            PackedLogits(ws.q + r0 * dim_pad, dim_pad, rows_per_head, ws.packed, kt_stride, n,
+            PackedLogits(ws.q + r0 * dim_pad, dim_pad, rows_left, ws.packed, kt_stride, n,
                          D, s_h, s_stride);
           } else {
-            Logits<T>(ws.q + r0 * dim_pad, dim_pad, rows_per_head, ws.k_rows, n, D, s_h,
+            Logits<T>(ws.q + r0 * dim_pad, dim_pad, rows_left, ws.k_rows, n, D, s_h,
                       s_stride);
           }
         });
       }
-      for (int64_t r = r0; r < r0 + rows_per_head; ++r) {
-        const int64_t pos = kv_len - q_len + task.q_begin + (r - r0) / G;
+      for (int64_t r = r0; r < r0 + rows_left; ++r) {
+        const int64_t pos = kv_len - q_len + task.q_begin + (r % rows_per_head) / G;
         SoftmaxRow(sp, pos, kv_len, t0, n, n_pad, ws.s + r * s_stride, ws.m + r, ws.l + r,
                    ws.acc + r * dim_pad, dim_pad);
       }
       if (wide_path) {
         if (fp8 && !fp8_in_loops) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
-        WidePv(wide_dtype, s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad,
-               ws.v_next, n_next, row_bytes);
+        WidePv(wide_dtype, s_h, s_stride, rows_left, ws.v_rows, n, D, acc_h, dim_pad,
+               ws.v_next, next_count, row_bytes);
       } else if (bf16_path) {
         if (fp8) Fp8RowsToBf16(pr.kv_dtype, ws.v_rows, n, D, ws.kv_bf16, dim_pad);
-        Bf16AccumulatePV(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad,
-                         ws.v_next, n_next);
+        Bf16AccumulatePV(s_h, s_stride, rows_left, ws.v_rows, n, D, acc_h, dim_pad,
+                         ws.v_next, next_count);
       } else {
-        for (int64_t i = 0; i < n_next; ++i) PrefetchRow(ws.v_next[i], row_bytes);
+        for (int64_t i = 0; i < next_count; ++i) PrefetchRow(ws.v_next[i], row_bytes);
         VisitKvElem(pr.kv_dtype, [&](auto tag) HWY_ATTR {
           using T = decltype(tag);
           if (packed) {
             PackValues<T>(ws.v_rows, n, D, ws.packed, dim_pad);
-            PackedPv(s_h, s_stride, rows_per_head, ws.packed, n, dim_pad, acc_h, dim_pad);
+            PackedPv(s_h, s_stride, rows_left, ws.packed, n, dim_pad, acc_h, dim_pad);
           } else {
-            Pv<T>(s_h, s_stride, rows_per_head, ws.v_rows, n, D, acc_h, dim_pad);
+            Pv<T>(s_h, s_stride, rows_left, ws.v_rows, n, D, acc_h, dim_pad);
           }
         });
       }

@@ -382,7 +382,7 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline void LoadWide(const void* 
 // k[t]: lane r * kTokens + t of the result is q_r . k_t.
 template <int kRows, int kTokens, bool kFp8>
 RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 WideLogitsVector(
-    const float* q, int64_t q_stride, const void* const* k, int64_t head_dim, const Fp8Lut& lut) {
+    const float* const* q, const void* const* k, int64_t head_dim, const Fp8Lut& lut) {
   static_assert(kRows * kTokens == 16);
   __m512 acc[16];
 #pragma GCC unroll 16
@@ -394,8 +394,8 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 WideLogitsVector(
     for (int t = 0; t < kTokens; ++t) LoadWide<kFp8>(k[t], d, mask, lut, &ke[t], &ko[t]);
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
-      const __m512 qe = _mm512_loadu_ps(q + r * q_stride + d);
-      const __m512 qo = _mm512_loadu_ps(q + r * q_stride + d + 16);
+      const __m512 qe = _mm512_loadu_ps(q[r] + d);
+      const __m512 qo = _mm512_loadu_ps(q[r] + d + 16);
 #pragma GCC unroll 16
       for (int t = 0; t < kTokens; ++t) {
         acc[r * kTokens + t] = _mm512_fmadd_ps(qe, ke[t], acc[r * kTokens + t]);
@@ -415,8 +415,11 @@ RPA_WIDE_TARGET void WideLogitsBlock(const float* q, int64_t q_stride, int64_t r
   const void* k[kTokens];
 #pragma GCC unroll 16
   for (int t = 0; t < kTokens; ++t) k[t] = k_rows[t < tokens ? t : 0];
+  const float* q_rows[kRows];
+#pragma GCC unroll 16
+  for (int r = 0; r < kRows; ++r) q_rows[r] = q + r * q_stride;
   StoreLogitsBlock<kRows, kTokens>(
-      WideLogitsVector<kRows, kTokens, kFp8>(q, q_stride, k, head_dim, lut), rows, tokens, s,
+      WideLogitsVector<kRows, kTokens, kFp8>(q_rows, k, head_dim, lut), rows, tokens, s,
       s_stride);
 }
 
@@ -605,28 +608,34 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m128 PerRow(__m512 v) {
 }
 
 template <bool kFp8>
-RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride,
+RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride, int64_t rows,
                                         const OffsetRows& k_rows, const OffsetRows& v_rows,
                                         int64_t n, int64_t head_dim, float logit_scale, float* m,
                                         float* l, float* acc, int64_t acc_stride,
                                         const OffsetRows& k_next, const OffsetRows& v_next,
                                         int64_t n_next, int64_t pf_bytes,
                                         const Fp8Table* table) {
+  const bool prefetch = k_next.rows != nullptr;
   const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
   const __m512 scale = _mm512_set1_ps(logit_scale);
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  // Rows past `rows` repeat the last one; nothing of theirs is stored.
+  const float* q[4];
+  for (int r = 0; r < 4; ++r) q[r] = q_eo + (r < rows ? r : rows - 1) * q_stride;
+  const __mmask8 row_mask = static_cast<__mmask8>((1u << rows) - 1);
+  const __mmask16 row_lanes = static_cast<__mmask16>((1u << (4 * rows)) - 1);
   // Logits, then weights, in blocks of 4 keys: lane r * 4 + t = (row r, key 4b + t).
   alignas(64) float w[kWideDecodeMaxKeys / 4 * 16];
   __m512 vmax = neg_inf;
   __mmask16 nan = 0;
   for (int64_t b = 0; 4 * b < n; ++b) {
     const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
-    PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
+    if (prefetch) PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
     const void* k[4];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
-    __m512 x = _mm512_mul_ps(WideLogitsVector<4, 4, kFp8>(q_eo, q_stride, k, head_dim, lut), scale);
-    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512 x = _mm512_mul_ps(WideLogitsVector<4, 4, kFp8>(q, k, head_dim, lut), scale);
+    nan |= _mm512_mask_cmp_ps_mask(row_lanes, x, x, _CMP_UNORD_Q);
     // The lanes of keys t < valid, in every row.
     const __mmask16 keys = static_cast<__mmask16>(((1u << valid) - 1) * 0x1111u);
     x = _mm512_mask_blend_ps(keys, neg_inf, x);
@@ -635,12 +644,13 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride,
   }
   const __m512 m_old = _mm512_permutexvar_ps(
       _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-      _mm512_castps128_ps512(_mm_loadu_ps(m)));
+      _mm512_castps128_ps512(_mm_maskz_loadu_ps(row_mask, m)));
   const __m512 m_new = _mm512_max_ps(m_old, RowMax(vmax));
   // A NaN (here or in the state) and infinite maxima follow SoftmaxRow's rules.
-  const __mmask16 finite =
-      _mm512_cmp_ps_mask(_mm512_sub_ps(m_new, m_new), _mm512_setzero_ps(), _CMP_EQ_OQ);
-  if (nan != 0 || finite != 0xFFFF || _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q) != 0) {
+  const __mmask16 finite = _mm512_mask_cmp_ps_mask(
+      row_lanes, _mm512_sub_ps(m_new, m_new), _mm512_setzero_ps(), _CMP_EQ_OQ);
+  if (nan != 0 || finite != row_lanes ||
+      _mm512_mask_cmp_ps_mask(row_lanes, m_old, m_old, _CMP_UNORD_Q) != 0) {
     return false;
   }
   const __m512 alpha = ExpNonPositive(_mm512_sub_ps(m_old, m_new));  // m_old = -inf: 0.
@@ -651,12 +661,13 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride,
     _mm512_store_ps(w + 16 * b, p);
   }
   const __m128 alpha_rows = PerRow(alpha);
-  _mm_storeu_ps(m, PerRow(m_new));
-  _mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), alpha_rows), PerRow(RowSum(sum))));
+  _mm_mask_storeu_ps(m, row_mask, PerRow(m_new));
+  _mm_mask_storeu_ps(l, row_mask, _mm_add_ps(_mm_mul_ps(_mm_maskz_loadu_ps(row_mask, l), alpha_rows),
+                                             PerRow(RowSum(sum))));
   alignas(16) float alpha4[4];
   _mm_store_ps(alpha4, alpha_rows);
-  WidePvRows<4, kFp8, true>(w, 0, 4, v_rows, n, head_dim, acc, acc_stride, &v_next, n_next,
-                            pf_bytes, table, alpha4);
+  WidePvRows<4, kFp8, true>(w, 0, rows, v_rows, n, head_dim, acc, acc_stride,
+                            prefetch ? &v_next : nullptr, n_next, pf_bytes, table, alpha4);
   return true;
 }
 
@@ -690,7 +701,7 @@ void WidePv(DType v_dtype, const float* p, int64_t p_stride, int64_t rows,
   }
 }
 
-bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride,
+bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride, int64_t rows,
                     const uint8_t* const* k_rows, const uint8_t* const* v_rows,
                     int64_t k_offset, int64_t v_offset, int64_t tokens, int64_t head_dim,
                     float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
@@ -700,10 +711,10 @@ bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride,
   const OffsetRows kn{k_next, k_offset}, vn{v_next, v_offset};
   const Fp8Table* table = Fp8TableOf(kv_dtype);
   if (table != nullptr) {
-    return WideDecodeTileImpl<true>(q_eo, q_stride, k, v, tokens, head_dim, logit_scale, m, l,
+    return WideDecodeTileImpl<true>(q_eo, q_stride, rows, k, v, tokens, head_dim, logit_scale, m, l,
                                     acc, acc_stride, kn, vn, next_count, row_bytes, table);
   }
-  return WideDecodeTileImpl<false>(q_eo, q_stride, k, v, tokens, head_dim, logit_scale, m, l,
+  return WideDecodeTileImpl<false>(q_eo, q_stride, rows, k, v, tokens, head_dim, logit_scale, m, l,
                                    acc, acc_stride, kn, vn, next_count, row_bytes, nullptr);
 }
 
@@ -769,8 +780,9 @@ bool CpuHasAvx512Bf16() { return false; }
 bool CpuHasAvx512Bw() { return false; }
 void WideLogits(DType, const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
                 float*, int64_t, const void* const*, int64_t, int64_t) {}
-bool WideDecodeTile(DType, const float*, int64_t, const uint8_t* const*, const uint8_t* const*,
-                    int64_t, int64_t, int64_t, int64_t, float, float*, float*, float*, int64_t,
+bool WideDecodeTile(DType, const float*, int64_t, int64_t, const uint8_t* const*,
+                    const uint8_t* const*, int64_t, int64_t, int64_t, int64_t, float, float*,
+                    float*, float*, int64_t,
                     const uint8_t* const*, const uint8_t* const*, int64_t, int64_t) {
   return false;
 }

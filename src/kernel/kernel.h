@@ -155,20 +155,21 @@ void WidePv(DType v_dtype, const float* p, int64_t p_stride, int64_t rows,
             const void* const* v_rows, int64_t tokens, int64_t head_dim, float* acc,
             int64_t acc_stride, const void* const* prefetch_rows, int64_t prefetch_count,
             int64_t prefetch_bytes);
-// Decode's common case on the widening path, fused: one kv head's 4 rows
-// (its q heads at one query token, or fewer heads at more tokens) over a
-// tile of tokens <= kWideDecodeMaxKeys keys that every row sees (no mask
+// Decode's common case on the widening path, fused: up to 4 rows of one kv
+// head (its q heads at one query token, or fewer heads at more tokens) over
+// a tile of tokens <= kWideDecodeMaxKeys keys that every row sees (no mask
 // inside the tile, no soft cap): logits, the online-softmax update of m, l
-// and acc (as SoftmaxRow does it, the 4 rows' reductions in one vector) and
+// and acc (as SoftmaxRow does it, the rows' reductions in one vector) and
 // PV, with the weights kept in a 2 KiB stack block instead of the logits
 // scratch. Arguments as in WideLogits / WidePv, except that key i's rows
 // are k_rows[i] + k_offset and v_rows[i] + v_offset bytes (and so are the
-// next tile's), so one pointer array serves every kv head; logit_scale
-// multiplies the logits. Returns false, with m, l and acc untouched, where a logit is NaN
-// or a row's maximum is not finite (or m is NaN): those take SoftmaxRow's
-// path.
+// next tile's; k_next null: no prefetch), so one pointer array serves every
+// kv head; logit_scale multiplies the logits. rows (1-4) rows are computed
+// as four (the last repeated), so fewer than 3 cost more than WideLogits.
+// Returns false, with m, l and acc untouched, where a logit is NaN or a
+// row's maximum is not finite (or m is NaN): those take SoftmaxRow's path.
 inline constexpr int64_t kWideDecodeMaxKeys = 32;
-bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride,
+bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride, int64_t rows,
                     const uint8_t* const* k_rows, const uint8_t* const* v_rows,
                     int64_t k_offset, int64_t v_offset, int64_t tokens, int64_t head_dim,
                     float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
