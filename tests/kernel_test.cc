@@ -527,8 +527,8 @@ TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
     m[0] = variant.m0;
     const std::vector<float> m_before = m, l_before = l, acc_before = acc;
     EXPECT_FALSE(WideDecodeTile(DType::kBF16, q.data(), kDim, kRows, k_rows.data(),
-                                v_rows.data(), 0, 0, kTokens, kDim, 1.0f, m.data(), l.data(), acc.data(), kDim,
-                                k_rows.data(), v_rows.data(), 0, kDim * 2))
+                                v_rows.data(), 0, 0, kTokens, kDim, 1.0f, m.data(), l.data(),
+                                acc.data(), kDim, k_rows.data(), v_rows.data(), 0, kDim * 2))
         << variant.name;
     EXPECT_EQ(std::memcmp(m.data(), m_before.data(), sizeof(float) * kRows), 0) << variant.name;
     EXPECT_EQ(l, l_before) << variant.name;

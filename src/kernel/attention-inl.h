@@ -743,7 +743,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
     const int64_t kt_stride = RoundUp(n, 2 * static_cast<int64_t>(hn::Lanes(DF())));
     const bool fused = fused_decode && n <= kWideDecodeMaxKeys && all_visible(t0, t1);
     for (int64_t h = 0; h < heads; ++h) {
-      // Rows [h * rows_per_head, r0) done by fused tiles; [r0, r0 + rows) left.
+      // Rows [h * rows_per_head, r0) done by fused tiles, [r0, r0 + rows_left) not.
       int64_t r0 = h * rows_per_head;
       int64_t rows_left = rows_per_head;
       while (fused && rows_left >= 3) {

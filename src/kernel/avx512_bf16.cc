@@ -571,9 +571,9 @@ void WidePvImpl(const float* p, int64_t p_stride, int64_t rows, const void* cons
   }
 }
 
-
-// e^x for x <= 0, -inf included, within about an ulp; results below the
-// smallest normal float are 0 (they cannot move a sum that holds e^0 = 1).
+// e^x for x <= 0, -inf included, within about an ulp; e^x below e^-87
+// (just above the smallest normal float) is 0: it cannot move a sum that
+// holds e^0 = 1, and no denormal reaches the products.
 RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 ExpNonPositive(__m512 x) {
   const __m512 lowest = _mm512_set1_ps(-87.0f);
   const __mmask16 normal = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
@@ -662,8 +662,8 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride, int
   }
   const __m128 alpha_rows = PerRow(alpha);
   _mm_mask_storeu_ps(m, row_mask, PerRow(m_new));
-  _mm_mask_storeu_ps(l, row_mask, _mm_add_ps(_mm_mul_ps(_mm_maskz_loadu_ps(row_mask, l), alpha_rows),
-                                             PerRow(RowSum(sum))));
+  const __m128 l_old = _mm_maskz_loadu_ps(row_mask, l);
+  _mm_mask_storeu_ps(l, row_mask, _mm_add_ps(_mm_mul_ps(l_old, alpha_rows), PerRow(RowSum(sum))));
   alignas(16) float alpha4[4];
   _mm_store_ps(alpha4, alpha_rows);
   WidePvRows<4, kFp8, true>(w, 0, rows, v_rows, n, head_dim, acc, acc_stride,
@@ -782,8 +782,8 @@ void WideLogits(DType, const float*, int64_t, int64_t, const void* const*, int64
                 float*, int64_t, const void* const*, int64_t, int64_t) {}
 bool WideDecodeTile(DType, const float*, int64_t, int64_t, const uint8_t* const*,
                     const uint8_t* const*, int64_t, int64_t, int64_t, int64_t, float, float*,
-                    float*, float*, int64_t,
-                    const uint8_t* const*, const uint8_t* const*, int64_t, int64_t) {
+                    float*, float*, int64_t, const uint8_t* const*, const uint8_t* const*,
+                    int64_t, int64_t) {
   return false;
 }
 void WidePv(DType, const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
