@@ -21,6 +21,7 @@ namespace rpa::internal {
 namespace {
 
 std::atomic<bool> g_allow_bf16_dot{true};
+std::atomic<bool> g_allow_half_decode{true};
 std::atomic<bool> g_prefer_bf16_dot{false};
 
 constexpr size_t kAlign = 64;  // A cache line: workers never share one.
@@ -71,6 +72,8 @@ size_t LayoutScratch(const Plan& plan, const AttentionProblem& problem, float* b
   s.q_hi = reinterpret_cast<uint16_t*>(take(rows * dim_pad / 2 + 1));
   s.q_lo = reinterpret_cast<uint16_t*>(take(rows * dim_pad / 2 + 1));
   s.q_eo = take(rows * dim_pad);
+  s.q_half = reinterpret_cast<uint16_t*>(take(rows * RoundUp(dim_pad, kHalfDimAlign) / 2));
+  s.q_half_unscale = take(rows);
   s.s = take(rows * token_pad);
   s.acc = take(rows * dim_pad);
   s.m = take(rows);
@@ -182,6 +185,8 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
 }  // namespace
 
 void AllowBf16DotPath(bool allow) { g_allow_bf16_dot.store(allow); }
+void AllowHalfDecode(bool allow) { g_allow_half_decode.store(allow); }
+bool HalfDecodeEnabled() { return g_allow_half_decode.load() && CpuHasAvx512Fp16(); }
 void PreferBf16Dot(bool prefer) { g_prefer_bf16_dot.store(prefer); }
 
 KernelPath ChooseKernelPath(const AttentionProblem& problem) {

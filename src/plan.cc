@@ -27,6 +27,7 @@ int64_t ScratchBytes(const AttentionProblem& problem, int64_t q_tile, int64_t kv
   const int64_t dim_pad = RoundUp(problem.head_dim, kDimAlign);
   const int64_t token_pad = RoundUp(kv_block, kTokenAlign);
   int64_t floats = rows * dim_pad * 4  // q, q_hi + q_lo, q_eo, acc.
+                   + rows * RoundUp(dim_pad, kHalfDimAlign) / 2 + RoundUp(rows, 16)  // q_half.
                    + rows * token_pad + 2 * RoundUp(rows, 16) + 16 * token_pad;  // Pointers.
   if (SizeOf(problem.kv_dtype) == 1) floats += token_pad * dim_pad / 2;  // bf16 rows.
   floats += RoundUp(kv_block, kPackedTokenAlign) * dim_pad;               // A packed tile.

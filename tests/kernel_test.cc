@@ -157,6 +157,13 @@ double Tolerance(const Case& c, double reference) {
   return kv + out_ulp * std::fabs(reference) * 1.01;
 }
 
+// Relative LSE tolerance: f32 softmax sums, except that e4m3fn decode tiles
+// may run in f16 arithmetic (HalfDecodeTile: logits rounded to ~2^-11 of
+// their magnitude at each of ~10 steps).
+double LseTolerance(const Case& c) {
+  return c.spec.kv_dtype == DType::kF8E4M3FN ? 2e-3 : 1e-4;
+}
+
 struct Outputs {
   std::vector<uint8_t> out;
   std::vector<float> lse;
@@ -208,7 +215,7 @@ void ExpectClose(const Case& c, const SyntheticBatch& b, const Outputs& fast,
   for (size_t i = 0; i < ref.lse.size() && reported < 3; ++i) {
     const float got = fast.lse[i], want = ref.lse[i];
     const bool same = (std::isinf(want) && got == want) ||
-                      std::fabs(got - want) <= 1e-4 * (1.0 + std::fabs(want));
+                      std::fabs(got - want) <= LseTolerance(c) * (1.0 + std::fabs(want));
     if (!same) {
       ADD_FAILURE() << c.Name() << "\n  lse " << i << ": got " << got << " want " << want;
       ++reported;
@@ -285,15 +292,18 @@ TEST(KernelWideTest, RandomGridMatchesReference) {
 }
 
 // Decode batches, where the widening path takes the fused tile
-// (WideDecodeTile): 3-8 q heads per kv head (groups of 4, a last 3, and a
-// last 1-2 rows unfused), one or two queries per sequence, mostly no soft
-// cap; windows make some tiles partly visible (the unfused path).
+// (WideDecodeTile, or for e4m3fn HalfDecodeTile where the CPU has
+// AVX512-FP16, checked with it switched on and off): 3-8 q heads per kv
+// head (groups of 4, a last 3, and a last 1-2 rows unfused), one or two
+// queries per sequence, mostly no soft cap; windows make some tiles partly
+// visible (the unfused path).
 TEST(KernelWideTest, DecodeGridMatchesReference) {
   if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   AllowBf16DotPath(true);
   std::mt19937_64 rng(81);
   for (int i = 0; i < 10 * kGridScale * SoakScale(); ++i) {
     for (DType kv : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
+      AllowHalfDecode(i % 2 == 0);
       Case c = RandomCase(rng, kv);
       const int64_t group = 3 + i % 6;
       const int32_t queries = i % 5 == 4 ? 2 : 1;
@@ -303,6 +313,7 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
       if (i % 3 != 0) c.options.soft_cap.reset();
       const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
       ExpectClose(c, b, RunCase(c, b, /*fast=*/true), RunCase(c, b, /*fast=*/false));
+      AllowHalfDecode(true);
       if (::testing::Test::HasFailure()) return;
     }
   }
@@ -408,16 +419,28 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
 // and without a chunk tail, a fresh and a running state, bf16 and 8-bit
 // floats; the state of rows past `rows` (and the rows' scratch past them)
 // stays untouched.
+// The fused decode tiles against the online-softmax update in f64:
+// WideDecodeTile (f32 arithmetic) for bf16 and both 8-bit floats, and
+// HalfDecodeTile (f16 products and tile sums) for e4m3fn where the CPU has
+// AVX512-FP16, whose logits may be off by ~2^-11 of sum_d |q_d k_d| at each
+// of ~10 roundings (tolerance 2^-8 of it) and its weighted sums likewise.
 TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
   if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
   constexpr int64_t kRows = 4;
   int64_t rows = 0;
-  for (DType dtype : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
+  struct Tile {
+    DType dtype;
+    bool half;
+  };
+  std::vector<Tile> tiles = {{DType::kBF16, false}, {DType::kF8E4M3FN, false},
+                             {DType::kF8E5M2, false}};
+  if (CpuHasAvx512Fp16()) tiles.push_back({DType::kF8E4M3FN, true});
+  for (const auto [dtype, half] : tiles) {
     // The loops see e4m3fn values times 2^-8 (kE4M3Rescale).
     const double stored = dtype == DType::kF8E4M3FN ? 1.0 / 256.0 : 1.0;
-    for (int64_t head_dim : {int64_t{5}, int64_t{64}, int64_t{128}, int64_t{200}}) {
+    for (int64_t head_dim : {int64_t{5}, int64_t{64}, int64_t{128}, int64_t{200}, int64_t{256}}) {
       for (int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{17}, kWideDecodeMaxKeys}) {
         for (bool fresh : {true, false}) {
           const int64_t pad = RoundUp(head_dim, 32);
@@ -448,12 +471,27 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
           rows = rows % kRows + 1;
           std::vector<float> m_out = m, l_out = l, acc_out = acc;
           // The rows again as the "next tile": prefetched, never read.
-          ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), pad, rows, key_rows.data(),
-                                     key_rows.data(), 0, v_offset, tokens, head_dim, scale,
-                                     m_out.data(), l_out.data(), acc_out.data(), pad,
-                                     key_rows.data(), key_rows.data(), tokens,
-                                     head_dim * elem));
-          const std::string where = std::string(ToString(dtype)) + " head_dim " +
+          if (half) {
+            const int64_t half_stride = RoundUp(head_dim, kHalfDimAlign);
+            std::vector<uint16_t> q_half(kRows * half_stride);
+            std::vector<float> unscale(kRows);
+            for (int64_t r = 0; r < kRows; ++r) {
+              unscale[r] = QRowToHalf(&q[r * pad], head_dim, &q_half[r * half_stride]);
+            }
+            ASSERT_TRUE(HalfDecodeTile(q_half.data(), half_stride, unscale.data(), rows,
+                                       key_rows.data(), key_rows.data(), 0, v_offset, tokens,
+                                       head_dim, scale, m_out.data(), l_out.data(),
+                                       acc_out.data(), pad, key_rows.data(), key_rows.data(),
+                                       tokens, head_dim * elem));
+          } else {
+            ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), pad, rows, key_rows.data(),
+                                       key_rows.data(), 0, v_offset, tokens, head_dim, scale,
+                                       m_out.data(), l_out.data(), acc_out.data(), pad,
+                                       key_rows.data(), key_rows.data(), tokens,
+                                       head_dim * elem));
+          }
+          const std::string where = (half ? "half " : "") + std::string(ToString(dtype)) +
+                                    " head_dim " +
                                     std::to_string(head_dim) + " tokens " +
                                     std::to_string(tokens) + " rows " + std::to_string(rows) +
                                     (fresh ? " fresh" : " running");
@@ -465,28 +503,36 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
           }
           for (int64_t r = 0; r < rows; ++r) {
             std::vector<double> z(tokens);
-            double m_new = m[r];
+            double m_new = m[r], z_error = 0.0;
             for (int64_t t = 0; t < tokens; ++t) {
-              double dot = 0.0;
+              double dot = 0.0, magnitude = 0.0;
               for (int64_t d = 0; d < head_dim; ++d) {
-                dot += double{q[r * pad + d]} * LoadAsF32(dtype, k, t * head_dim + d) * stored;
+                const double term =
+                    double{q[r * pad + d]} * LoadAsF32(dtype, k, t * head_dim + d) * stored;
+                dot += term;
+                magnitude += std::fabs(term);
               }
               z[t] = scale * dot;
+              z_error = std::max(z_error, (half ? 0x1p-8 : 1e-6) * scale * magnitude);
               m_new = std::max(m_new, z[t]);
             }
+            // Relative error of a weight: its logit's and m's, and (half) its f16 rounding.
+            const double p_error = 2.0 * z_error + (half ? 0x1p-8 : 1e-5);
             const double alpha = fresh ? 0.0 : std::exp(m[r] - m_new);
-            double l_new = l[r] * alpha, mass = l[r] * alpha;
+            double l_new = l[r] * alpha;
             for (int64_t t = 0; t < tokens; ++t) l_new += std::exp(z[t] - m_new);
-            EXPECT_NEAR(m_out[r], m_new, 1e-5 * (1.0 + std::fabs(m_new))) << where;
-            EXPECT_NEAR(l_out[r], l_new, 1e-5 * l_new) << where;
+            EXPECT_NEAR(m_out[r], m_new, z_error + 1e-5 * (1.0 + std::fabs(m_new))) << where;
+            EXPECT_NEAR(l_out[r], l_new, p_error * l_new) << where;
             for (int64_t d = 0; d < head_dim; ++d) {
               double want = acc[r * pad + WideQIndex(d)] * alpha;
+              double mass = std::fabs(want);
               for (int64_t t = 0; t < tokens; ++t) {
-                const double p = std::exp(z[t] - m_new);
-                want += p * LoadAsF32(dtype, v, t * head_dim + d) * stored;
-                mass += p;
+                const double pv =
+                    std::exp(z[t] - m_new) * LoadAsF32(dtype, v, t * head_dim + d) * stored;
+                want += pv;
+                mass += std::fabs(pv);
               }
-              EXPECT_NEAR(acc_out[r * pad + WideQIndex(d)], want, 1e-5 * (mass + 1.0))
+              EXPECT_NEAR(acc_out[r * pad + WideQIndex(d)], want, p_error * mass + 1e-6)
                   << where << " row " << r << " dim " << d;
             }
           }
@@ -533,6 +579,40 @@ TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
     EXPECT_EQ(std::memcmp(m.data(), m_before.data(), sizeof(float) * kRows), 0) << variant.name;
     EXPECT_EQ(l, l_before) << variant.name;
     EXPECT_EQ(acc, acc_before) << variant.name;
+  }
+}
+
+// HalfDecodeTile maps e4m3fn's NaN codes (0x7F, 0xFF) to finite f16, so it
+// looks for them: one in a K row, or in a V row past the first 128-dim pass
+// (which writes acc first), makes it decline with the state bit-identical.
+TEST(KernelWideTest, HalfDecodeTileDeclinesNanCodes) {
+  if (!CpuHasAvx512Fp16()) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
+  constexpr int64_t kRows = 4, kDim = 256, kTokens = 9;
+  for (const bool in_v : {false, true}) {
+    for (const uint8_t code : {uint8_t{0x7F}, uint8_t{0xFF}}) {
+      std::vector<uint8_t> k(kTokens * kDim, 0x30), v = k;  // 0x30: 0.5.
+      (in_v ? v : k)[5 * kDim + 200] = code;
+      std::vector<const uint8_t*> k_rows(kTokens), v_rows(kTokens);
+      for (int64_t t = 0; t < kTokens; ++t) {
+        k_rows[t] = k.data() + t * kDim;
+        v_rows[t] = v.data() + t * kDim;
+      }
+      std::vector<float> q(kDim, 1.0f), m(kRows, 0.0f), l(kRows, 1.0f), acc(kRows * kDim, 2.0f);
+      std::vector<uint16_t> q_half(kRows * kDim);
+      std::vector<float> unscale(kRows);
+      for (int64_t r = 0; r < kRows; ++r) {
+        unscale[r] = QRowToHalf(q.data(), kDim, &q_half[r * kDim]);
+      }
+      const std::vector<float> m_before = m, l_before = l, acc_before = acc;
+      const std::string where = std::string(in_v ? "V" : "K") + " code " + std::to_string(code);
+      EXPECT_FALSE(HalfDecodeTile(q_half.data(), kDim, unscale.data(), kRows, k_rows.data(),
+                                  v_rows.data(), 0, 0, kTokens, kDim, 1.0f, m.data(), l.data(),
+                                  acc.data(), kDim, nullptr, nullptr, 0, kDim))
+          << where;
+      EXPECT_EQ(m, m_before) << where;
+      EXPECT_EQ(l, l_before) << where;
+      EXPECT_EQ(acc, acc_before) << where;
+    }
   }
 }
 

@@ -654,6 +654,17 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   auto token_of = [&](int64_t r) { return q_start + task.q_begin + (r % rows_per_head) / G; };
   auto head_of = [&](int64_t r) { return (task.kv_head + r / rows_per_head) * G + r % G; };
 
+  // Decode's fused tiles (WideDecodeTile): 3-8 rows per kv head (fp8 is
+  // converted in the loops up to 8), no soft cap; a tile qualifies when all
+  // its keys are visible to every row. Rows go in groups of 4 and a last
+  // group of 3; a last 1 or 2 rows take the unfused path, cheaper for them.
+  const bool fused_decode =
+      wide_path && rows_per_head >= 3 && rows_per_head <= 8 && pr.soft_cap == 0.0f;
+  // e4m3fn's fused tiles run in f16 arithmetic where the CPU has it
+  // (HalfDecodeTile; WideDecodeTile where it declines).
+  const bool half_decode = fused_decode && pr.kv_dtype == DType::kF8E4M3FN && HalfDecodeEnabled();
+  const int64_t half_stride = RoundUp(dim_pad, kHalfDimAlign);
+
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t offset = token_of(r) * pr.q_token_stride + head_of(r) * pr.q_head_stride;
     float* q = ws.q + r * dim_pad;
@@ -671,6 +682,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       float* q_eo = ws.q_eo + r * dim_pad;
       for (int64_t d = 0; d < dim_pad; ++d) q_eo[WideQIndex(d)] = q[d];
     }
+    if (half_decode) ws.q_half_unscale[r] = QRowToHalf(q, D, ws.q_half + r * half_stride);
     ws.m[r] = -std::numeric_limits<float>::infinity();
     ws.l[r] = 0.0f;
     std::memset(ws.acc + r * dim_pad, 0, sizeof(float) * dim_pad);
@@ -685,12 +697,6 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   sp.window = pr.sliding_window;
   sp.round_bf16 = bf16_path;
 
-  // Decode's fused tiles (WideDecodeTile): 3-8 rows per kv head (fp8 is
-  // converted in the loops up to 8), no soft cap; a tile qualifies when all
-  // its keys are visible to every row. Rows go in groups of 4 and a last
-  // group of 3; a last 1 or 2 rows take the unfused path, cheaper for them.
-  const bool fused_decode =
-      wide_path && rows_per_head >= 3 && rows_per_head <= 8 && pr.soft_cap == 0.0f;
   const int64_t first_pos = kv_len - q_len + task.q_begin;
   const int64_t last_pos = kv_len - q_len + task.q_end - 1;
   auto all_visible = [&](int64_t begin, int64_t end) {
@@ -749,12 +755,18 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       while (fused && rows_left >= 3) {
         const int64_t group = std::min<int64_t>(rows_left, 4);
         const bool first = rows_left == rows_per_head;  // It prefetches the next tile.
-        if (!WideDecodeTile(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, group, k_cur, v_cur,
-                            h * k_head_bytes, h * v_head_bytes, n, D, sp.logit_scale, ws.m + r0,
-                            ws.l + r0, ws.acc + r0 * dim_pad, dim_pad, first ? k_nb : nullptr,
-                            v_nb, n_next, row_bytes)) {
-          break;
-        }
+        const uint8_t* const* k_pf = first ? k_nb : nullptr;
+        const bool done =
+            (half_decode &&
+             HalfDecodeTile(ws.q_half + r0 * half_stride, half_stride, ws.q_half_unscale + r0,
+                            group, k_cur, v_cur, h * k_head_bytes, h * v_head_bytes, n, D,
+                            sp.logit_scale, ws.m + r0, ws.l + r0, ws.acc + r0 * dim_pad,
+                            dim_pad, k_pf, v_nb, n_next, row_bytes)) ||
+            WideDecodeTile(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, group, k_cur, v_cur,
+                           h * k_head_bytes, h * v_head_bytes, n, D, sp.logit_scale, ws.m + r0,
+                           ws.l + r0, ws.acc + r0 * dim_pad, dim_pad, k_pf, v_nb, n_next,
+                           row_bytes);
+        if (!done) break;
         r0 += group;
         rows_left -= group;
       }

@@ -13,7 +13,10 @@
 // in registers (vpunpck{l,h}wd); the accumulator then holds each 32-dim chunk
 // in the order Bf16AccIndex describes, undone once per task.
 #include <cstdint>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernel/kernel.h"
 #include "rpa/dtype.h"
@@ -72,36 +75,67 @@ bool CpuHasAvx512Bw() {
   return has;
 }
 
+bool CpuHasAvx512Fp16() {
+  static const bool has = [] {
+    if (!CpuHasAvx512Bw()) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    return ((edx >> 23) & 1) != 0;  // AVX512-FP16.
+  }();
+  return has;
+}
+
 #define RPA_BF16_TARGET __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl")))
 // The widening path's instructions, a subset of the above: its helpers
 // inline into both paths' functions.
 #define RPA_WIDE_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+// The f16 decode tile's: the widening path's and AVX512-FP16.
+#define RPA_FP16_TARGET __attribute__((target("avx512fp16,avx512f,avx512bw,avx512vl")))
 
 namespace {
 
-// Lane i of the result = sum of the lanes of a[i].
+// x + y as 16 floats, or (kHalf) as 32 halves: vaddph in inline assembly,
+// since these helpers are compiled without AVX512-FP16 (only the f16 tile
+// that calls them with kHalf has it) and a target attribute cannot depend on
+// a template parameter.
+template <bool kHalf>
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 AddLanes(__m512 x, __m512 y) {
+  if constexpr (kHalf) {
+    __m512 sum;
+    __asm__("vaddph %2, %1, %0" : "=v"(sum) : "v"(x), "v"(y));
+    return sum;
+  } else {
+    return _mm512_add_ps(x, y);
+  }
+}
+
+// Lane i of the result = sum of the lanes of a[i] (kHalf: 32-bit lane i
+// holds two halves whose sum is that of a[i]'s 32 halves).
 // always_inline: called out of line, the accumulator array's address escapes
 // and GCC stores all 16 accumulators to the stack on every step.
+template <bool kHalf = false>
 RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 SumEach16(const __m512* a) {
   __m512 b[8];
   for (int i = 0; i < 8; ++i) {
     const __m512 x = a[2 * i], y = a[2 * i + 1];
-    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+    b[i] = AddLanes<kHalf>(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
   }
   __m512 c[4];
   for (int i = 0; i < 4; ++i) {
     const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    c[i] = AddLanes<kHalf>(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                           _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
   // c[i] holds, in each 128-bit lane L, the lane-L partial sums of
   // a[4i .. 4i+3]; add the four 128-bit lanes of each c[i].
-  const __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 e01 =
+      AddLanes<kHalf>(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                      _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 e23 =
+      AddLanes<kHalf>(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                      _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return AddLanes<kHalf>(_mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 // Lane i of the result = the sum of acc[i]'s lanes: a block's 16 logits.
@@ -607,49 +641,45 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m128 PerRow(__m512 v) {
       _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
 }
 
-template <bool kFp8>
-RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride, int64_t rows,
-                                        const OffsetRows& k_rows, const OffsetRows& v_rows,
-                                        int64_t n, int64_t head_dim, float logit_scale, float* m,
-                                        float* l, float* acc, int64_t acc_stride,
-                                        const OffsetRows& k_next, const OffsetRows& v_next,
-                                        int64_t n_next, int64_t pf_bytes,
-                                        const Fp8Table* table) {
-  const bool prefetch = k_next.rows != nullptr;
-  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
-  const __m512 scale = _mm512_set1_ps(logit_scale);
-  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
-  // Rows past `rows` repeat the last one; nothing of theirs is stored.
-  const float* q[4];
-  for (int r = 0; r < 4; ++r) q[r] = q_eo + (r < rows ? r : rows - 1) * q_stride;
+// Keeps a fused decode tile's block of scaled logits x (lane r * 4 + t) for
+// DecodeTileSoftmax: the lanes of keys t >= valid become -inf.
+RPA_WIDE_TARGET __attribute__((always_inline)) inline void KeepLogitsBlock(
+    __m512 x, int64_t valid, float* w, __m512* vmax, __mmask16* nan) {
+  *nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __mmask16 keys = static_cast<__mmask16>(((1u << valid) - 1) * 0x1111u);
+  x = _mm512_mask_blend_ps(keys, _mm512_set1_ps(-__builtin_inff()), x);
+  *vmax = _mm512_max_ps(*vmax, x);
+  _mm512_store_ps(w, x);
+}
+
+// A fused decode tile's new softmax state for its (up to) 4 rows: m, l and
+// the factor alpha = e^(m_old - m_new) that rescales the old accumulator.
+struct DecodeTileState {
+  alignas(16) float m[4], l[4], alpha[4];
+  void Commit(int64_t rows, float* m_out, float* l_out) const {
+    std::memcpy(m_out, m, sizeof(float) * rows);
+    std::memcpy(l_out, l, sizeof(float) * rows);
+  }
+};
+
+// The online-softmax update of a fused decode tile. w holds the tile's
+// scaled logits in blocks of 16 (lane r * 4 + t; -inf where a block has no
+// key t), vmax their lane-wise maximum, nan the lanes that were NaN. On
+// success w holds the weights e^(s - m_new) and *next the rows' new state;
+// false, with nothing written, where a NaN (here or in m) or a row maximum
+// that is not finite needs SoftmaxRow's rules.
+RPA_WIDE_TARGET __attribute__((always_inline)) inline bool DecodeTileSoftmax(
+    float* w, int64_t n, __m512 vmax, __mmask16 nan, int64_t rows, const float* m,
+    const float* l, DecodeTileState* next) {
   const __mmask8 row_mask = static_cast<__mmask8>((1u << rows) - 1);
   const __mmask16 row_lanes = static_cast<__mmask16>((1u << (4 * rows)) - 1);
-  // Logits, then weights, in blocks of 4 keys: lane r * 4 + t = (row r, key 4b + t).
-  alignas(64) float w[kWideDecodeMaxKeys / 4 * 16];
-  __m512 vmax = neg_inf;
-  __mmask16 nan = 0;
-  for (int64_t b = 0; 4 * b < n; ++b) {
-    const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
-    if (prefetch) PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
-    const void* k[4];
-#pragma GCC unroll 4
-    for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
-    __m512 x = _mm512_mul_ps(WideLogitsVector<4, 4, kFp8>(q, k, head_dim, lut), scale);
-    nan |= _mm512_mask_cmp_ps_mask(row_lanes, x, x, _CMP_UNORD_Q);
-    // The lanes of keys t < valid, in every row.
-    const __mmask16 keys = static_cast<__mmask16>(((1u << valid) - 1) * 0x1111u);
-    x = _mm512_mask_blend_ps(keys, neg_inf, x);
-    vmax = _mm512_max_ps(vmax, x);
-    _mm512_store_ps(w + 16 * b, x);
-  }
   const __m512 m_old = _mm512_permutexvar_ps(
       _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
       _mm512_castps128_ps512(_mm_maskz_loadu_ps(row_mask, m)));
   const __m512 m_new = _mm512_max_ps(m_old, RowMax(vmax));
-  // A NaN (here or in the state) and infinite maxima follow SoftmaxRow's rules.
   const __mmask16 finite = _mm512_mask_cmp_ps_mask(
       row_lanes, _mm512_sub_ps(m_new, m_new), _mm512_setzero_ps(), _CMP_EQ_OQ);
-  if (nan != 0 || finite != row_lanes ||
+  if ((nan & row_lanes) != 0 || finite != row_lanes ||
       _mm512_mask_cmp_ps_mask(row_lanes, m_old, m_old, _CMP_UNORD_Q) != 0) {
     return false;
   }
@@ -661,13 +691,290 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride, int
     _mm512_store_ps(w + 16 * b, p);
   }
   const __m128 alpha_rows = PerRow(alpha);
-  _mm_mask_storeu_ps(m, row_mask, PerRow(m_new));
+  _mm_store_ps(next->alpha, alpha_rows);
+  _mm_store_ps(next->m, PerRow(m_new));
   const __m128 l_old = _mm_maskz_loadu_ps(row_mask, l);
-  _mm_mask_storeu_ps(l, row_mask, _mm_add_ps(_mm_mul_ps(l_old, alpha_rows), PerRow(RowSum(sum))));
-  alignas(16) float alpha4[4];
-  _mm_store_ps(alpha4, alpha_rows);
+  _mm_store_ps(next->l, _mm_add_ps(_mm_mul_ps(l_old, alpha_rows), PerRow(RowSum(sum))));
+  return true;
+}
+
+template <bool kFp8>
+RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride, int64_t rows,
+                                        const OffsetRows& k_rows, const OffsetRows& v_rows,
+                                        int64_t n, int64_t head_dim, float logit_scale, float* m,
+                                        float* l, float* acc, int64_t acc_stride,
+                                        const OffsetRows& k_next, const OffsetRows& v_next,
+                                        int64_t n_next, int64_t pf_bytes,
+                                        const Fp8Table* table) {
+  const bool prefetch = k_next.rows != nullptr;
+  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
+  const __m512 scale = _mm512_set1_ps(logit_scale);
+  // Rows past `rows` repeat the last one; nothing of theirs is stored.
+  const float* q[4];
+  for (int r = 0; r < 4; ++r) q[r] = q_eo + (r < rows ? r : rows - 1) * q_stride;
+  // Logits, then weights, in blocks of 4 keys: lane r * 4 + t = (row r, key 4b + t).
+  alignas(64) float w[kWideDecodeMaxKeys / 4 * 16];
+  __m512 vmax = _mm512_set1_ps(-__builtin_inff());
+  __mmask16 nan = 0;
+  for (int64_t b = 0; 4 * b < n; ++b) {
+    const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
+    if (prefetch) PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
+    const void* k[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
+    KeepLogitsBlock(_mm512_mul_ps(WideLogitsVector<4, 4, kFp8>(q, k, head_dim, lut), scale),
+                    valid, w + 16 * b, &vmax, &nan);
+  }
+  DecodeTileState next;
+  if (!DecodeTileSoftmax(w, n, vmax, nan, rows, m, l, &next)) return false;
+  next.Commit(rows, m, l);
   WidePvRows<4, kFp8, true>(w, 0, rows, v_rows, n, head_dim, acc, acc_stride,
-                            prefetch ? &v_next : nullptr, n_next, pf_bytes, table, alpha4);
+                            prefetch ? &v_next : nullptr, n_next, pf_bytes, table, next.alpha);
+  return true;
+}
+
+
+// ---- e4m3fn decode in f16 arithmetic (AVX512-FP16). An e4m3fn code's bits
+// shifted into an f16 (sign to bit 15, the other 7 bits to bits 13-7) are
+// its value times 2^-8 exactly, subnormals included, in 3 vector ops per 32
+// codes (the table needs 7, then the widening 2 more); vfmadd231ph does 32
+// products per instruction where the f32 FMA does 16. Exactness of the
+// bounds: q is scaled by a power of 2 to |q| < 16 (QRowToHalf) and |k|, |v|
+// <= 448 * 2^-8, so no f16 sum of up to 2048 dimensions or of 32 weighted
+// values overflows; the rounding (2^-11 relative per step) is ~1e-3 of a
+// logit or an output, inside the 8-bit float tolerance.
+
+// The elements [d, d + 64) of a row that lie below head_dim.
+inline __mmask64 ChunkMask64(int64_t d, int64_t head_dim) {
+  const int64_t left = head_dim - d;
+  return left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+}
+
+// 64 e4m3fn codes as f16 bits of value * 2^-8, lane-interleaved as the byte
+// unpacks leave them: a = elements {0-7, 16-23, 32-39, 48-55}, b = {8-15,
+// 24-31, 40-47, 56-63} (QRowToHalf stores q in the same order). The NaN
+// codes (0x7F, 0xFF) would come out finite: *seen keeps each byte's
+// maximum of code | 0x80, 0xFF once a NaN code went by.
+RPA_WIDE_TARGET __attribute__((always_inline)) inline void E4m3ToHalf(__m512i x, __m512i* a,
+                                                                     __m512i* b, __m512i* seen) {
+  *seen = _mm512_max_epu8(*seen, _mm512_or_si512(x, _mm512_set1_epi8(static_cast<char>(0x80))));
+  // Code c in a word's high byte, arithmetic shift by 1: s s eeee mmm 0000000; then bit 14 cleared.
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i clear14 = _mm512_set1_epi16(static_cast<short>(0xBFFF));
+  *a = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpacklo_epi8(zero, x), 1), clear14);
+  *b = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpackhi_epi8(zero, x), 1), clear14);
+}
+
+RPA_WIDE_TARGET __attribute__((always_inline)) inline bool SawNanCode(__m512i seen) {
+  return _mm512_cmpeq_epi8_mask(seen, _mm512_set1_epi8(-1)) != 0;
+}
+
+// The logits of 4 rows x 4 keys (lane r * 4 + t), in f16 with the sums
+// finished in f32.
+RPA_FP16_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
+    const uint16_t* const* q, const void* const* k, int64_t head_dim, __m512i* seen) {
+  __m512h acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ph();
+  for (int64_t d = 0; d < head_dim; d += 64) {
+    const __mmask64 mask = ChunkMask64(d, head_dim);
+    __m512h ka[4], kb[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      __m512i a, b;
+      E4m3ToHalf(_mm512_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(k[t]) + d), &a, &b,
+                 seen);
+      ka[t] = _mm512_castsi512_ph(a);
+      kb[t] = _mm512_castsi512_ph(b);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m512h qa = _mm512_castsi512_ph(_mm512_loadu_si512(q[r] + d));
+      const __m512h qb = _mm512_castsi512_ph(_mm512_loadu_si512(q[r] + d + 32));
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        acc[r * 4 + t] = _mm512_fmadd_ph(qa, ka[t], acc[r * 4 + t]);
+        acc[r * 4 + t] = _mm512_fmadd_ph(qb, kb[t], acc[r * 4 + t]);
+      }
+    }
+  }
+  __m512 fin[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) fin[i] = _mm512_castph_ps(acc[i]);
+  const __m512i pairs = _mm512_castps_si512(SumEach16<true>(fin));
+  // Lane i's two halves added, the sum in the low half, then as f32.
+  const __m512h sums = _mm512_add_ph(_mm512_castsi512_ph(pairs),
+                                     _mm512_castsi512_ph(_mm512_srli_epi32(pairs, 16)));
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_castph_si512(sums)));
+}
+
+// One pass of the f16 PV over the kChunks 64-dim chunks from d0: the tile's
+// sums of weighted V rows in f16 registers, then acc = alpha acc + them, in
+// the widening path's order (WideQIndex), for the rows that exist. wh:
+// the weights as f16 pairs (both halves the same), lane r * 4 + t % 4 of
+// block t / 4. check_rest: also look at the row's codes past this pass, so
+// that a NaN code anywhere is seen before the first pass writes acc.
+template <int kChunks>
+RPA_FP16_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
+    const uint32_t* wh, int64_t rows, const OffsetRows& v_rows, int64_t n, int64_t d0,
+    int64_t head_dim, const float* alpha, float* acc, int64_t acc_stride,
+    const OffsetRows* pf, int64_t pf_count, int64_t pf_bytes, bool check_rest) {
+  __m512h sum[kChunks][2][4];
+  for (int c = 0; c < kChunks; ++c) {
+    for (int h = 0; h < 2; ++h) {
+      for (int r = 0; r < 4; ++r) sum[c][h][r] = _mm512_setzero_ph();
+    }
+  }
+  __mmask64 mask[kChunks];
+  for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask64(d0 + 64 * c, head_dim);
+  __m512i seen = _mm512_setzero_si512();
+  for (int64_t t = 0; t < n; ++t) {
+    if (pf != nullptr && t < pf_count) PrefetchRow((*pf)[t], pf_bytes);
+    const uint8_t* row = static_cast<const uint8_t*>(v_rows[t]);
+    __m512h va[kChunks], vb[kChunks];
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      __m512i a, b;
+      E4m3ToHalf(_mm512_maskz_loadu_epi8(mask[c], row + d0 + 64 * c), &a, &b, &seen);
+      va[c] = _mm512_castsi512_ph(a);
+      vb[c] = _mm512_castsi512_ph(b);
+    }
+    if (check_rest) {
+      for (int64_t d = d0 + 64 * kChunks; d < head_dim; d += 64) {
+        seen = _mm512_max_epu8(
+            seen, _mm512_or_si512(_mm512_maskz_loadu_epi8(ChunkMask64(d, head_dim), row + d),
+                                  _mm512_set1_epi8(static_cast<char>(0x80))));
+      }
+    }
+    const uint32_t* w = wh + (t >> 2) * 16 + (t & 3);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m512h p = _mm512_castsi512_ph(_mm512_set1_epi32(static_cast<int>(w[r * 4])));
+#pragma GCC unroll 2
+      for (int c = 0; c < kChunks; ++c) {
+        sum[c][0][r] = _mm512_fmadd_ph(p, va[c], sum[c][0][r]);
+        sum[c][1][r] = _mm512_fmadd_ph(p, vb[c], sum[c][1][r]);
+      }
+    }
+  }
+  if (SawNanCode(seen)) return false;
+  // From the unpacks' order to WideQIndex's: of dims {0-7, 16-23} (a's
+  // half) and {8-15, 24-31} (b's), the even dims, then the odd ones.
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 14, 12, 10, 8, 22, 20, 18, 16, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 15, 13, 11, 9, 23, 21, 19, 17, 7, 5, 3, 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 keep = _mm512_set1_ps(alpha[r]);
+    for (int c = 0; c < kChunks; ++c) {
+      const __m512i a = _mm512_castph_si512(sum[c][0][r]), b = _mm512_castph_si512(sum[c][1][r]);
+      for (int half = 0; half < 2; ++half) {
+        const int64_t d = d0 + 64 * c + 32 * half;
+        if (d >= head_dim) break;
+        const __m512 fa = _mm512_cvtph_ps(half == 0 ? _mm512_castsi512_si256(a)
+                                                    : _mm512_extracti64x4_epi64(a, 1));
+        const __m512 fb = _mm512_cvtph_ps(half == 0 ? _mm512_castsi512_si256(b)
+                                                    : _mm512_extracti64x4_epi64(b, 1));
+        float* dst = acc + r * acc_stride + d;
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_loadu_ps(dst), keep,
+                                              _mm512_permutex2var_ps(fa, even, fb)));
+        _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(_mm512_loadu_ps(dst + 16), keep,
+                                                   _mm512_permutex2var_ps(fa, odd, fb)));
+      }
+    }
+  }
+  return true;
+}
+
+// q row -> f16 in E4m3ToHalf's order, scaled by 2^e so that max |q| lies in
+// [8, 16); returns 2^-e (1 for a zero or non-finite row: inf and NaN stay
+// and make the tile decline).
+RPA_WIDE_TARGET float QRowToHalfImpl(const float* q, int64_t head_dim, uint16_t* out) {
+  __m512 peak = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 16) {
+    const __mmask16 mask = head_dim - d >= 16 ? 0xFFFF : (1u << (head_dim - d)) - 1;
+    peak = _mm512_max_ps(peak, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask, q + d)));
+  }
+  const float max_abs = _mm512_reduce_max_ps(peak);
+  int exponent = 0;
+  if (max_abs > 0.0f && max_abs <= std::numeric_limits<float>::max()) {
+    std::frexp(max_abs, &exponent);  // max_abs = f 2^exponent, f in [0.5, 1).
+    exponent = std::clamp(4 - exponent, -120, 120);
+  }
+  const __m512 scale = _mm512_set1_ps(std::ldexp(1.0f, exponent));
+  for (int64_t d = 0; d < head_dim; d += 64) {
+    __m512 x[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t left = head_dim - d - 16 * i;
+      const __mmask16 mask = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1;
+      x[i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, q + d + 16 * i), scale);
+    }
+    // a: dims {0-7, 16-23 | 32-39, 48-55}; b: {8-15, 24-31 | 40-47, 56-63}.
+    const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    uint16_t* dst = out + d;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                        _mm512_cvtps_ph(_mm512_shuffle_f32x4(x[0], x[1], 0x44), round));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16),
+                        _mm512_cvtps_ph(_mm512_shuffle_f32x4(x[2], x[3], 0x44), round));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32),
+                        _mm512_cvtps_ph(_mm512_shuffle_f32x4(x[0], x[1], 0xEE), round));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 48),
+                        _mm512_cvtps_ph(_mm512_shuffle_f32x4(x[2], x[3], 0xEE), round));
+  }
+  return std::ldexp(1.0f, -exponent);
+}
+
+RPA_FP16_TARGET bool HalfDecodeTileImpl(const uint16_t* q_half, int64_t q_stride,
+                                        const float* q_unscale, int64_t rows,
+                                        const OffsetRows& k_rows, const OffsetRows& v_rows,
+                                        int64_t n, int64_t head_dim, float logit_scale, float* m,
+                                        float* l, float* acc, int64_t acc_stride,
+                                        const OffsetRows& k_next, const OffsetRows& v_next,
+                                        int64_t n_next, int64_t pf_bytes) {
+  const bool prefetch = k_next.rows != nullptr;
+  const uint16_t* q[4];
+  alignas(16) float row_scale[4];
+  for (int r = 0; r < 4; ++r) {
+    const int64_t rr = r < rows ? r : rows - 1;  // Rows past `rows` repeat the last one.
+    q[r] = q_half + rr * q_stride;
+    row_scale[r] = logit_scale * q_unscale[rr];
+  }
+  const __m512 scale = _mm512_permutexvar_ps(
+      _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+      _mm512_castps128_ps512(_mm_load_ps(row_scale)));
+  alignas(64) float w[kWideDecodeMaxKeys / 4 * 16];
+  __m512 vmax = _mm512_set1_ps(-__builtin_inff());
+  __mmask16 nan = 0;
+  __m512i seen = _mm512_setzero_si512();
+  for (int64_t b = 0; 4 * b < n; ++b) {
+    const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
+    if (prefetch) PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
+    const void* k[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
+    KeepLogitsBlock(_mm512_mul_ps(HalfLogitsVector(q, k, head_dim, &seen), scale), valid,
+                    w + 16 * b, &vmax, &nan);
+  }
+  DecodeTileState next;
+  if (SawNanCode(seen) || !DecodeTileSoftmax(w, n, vmax, nan, rows, m, l, &next)) return false;
+  alignas(64) uint32_t wh[kWideDecodeMaxKeys / 4 * 16];
+  for (int64_t b = 0; 4 * b < n; ++b) {
+    const __m512i h = _mm512_cvtepu16_epi32(
+        _mm512_cvtps_ph(_mm512_load_ps(w + 16 * b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm512_store_si512(wh + 16 * b, _mm512_or_si512(h, _mm512_slli_epi32(h, 16)));
+  }
+  const OffsetRows* pf = prefetch ? &v_next : nullptr;
+  int64_t d = 0;
+  for (; d + 64 < head_dim; d += 128) {
+    if (!HalfPvPass<2>(wh, rows, v_rows, n, d, head_dim, next.alpha, acc, acc_stride,
+                       d == 0 ? pf : nullptr, n_next, pf_bytes, d == 0)) {
+      return false;
+    }
+  }
+  if (d < head_dim && !HalfPvPass<1>(wh, rows, v_rows, n, d, head_dim, next.alpha, acc,
+                                     acc_stride, d == 0 ? pf : nullptr, n_next, pf_bytes,
+                                     d == 0)) {
+    return false;
+  }
+  next.Commit(rows, m, l);
   return true;
 }
 
@@ -716,6 +1023,22 @@ bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride, int64_t
   }
   return WideDecodeTileImpl<false>(q_eo, q_stride, rows, k, v, tokens, head_dim, logit_scale, m, l,
                                    acc, acc_stride, kn, vn, next_count, row_bytes, nullptr);
+}
+
+float QRowToHalf(const float* q, int64_t head_dim, uint16_t* out) {
+  return QRowToHalfImpl(q, head_dim, out);
+}
+
+bool HalfDecodeTile(const uint16_t* q_half, int64_t q_stride, const float* q_unscale,
+                    int64_t rows, const uint8_t* const* k_rows, const uint8_t* const* v_rows,
+                    int64_t k_offset, int64_t v_offset, int64_t tokens, int64_t head_dim,
+                    float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
+                    const uint8_t* const* k_next, const uint8_t* const* v_next,
+                    int64_t next_count, int64_t row_bytes) {
+  const OffsetRows k{k_rows, k_offset}, v{v_rows, v_offset};
+  const OffsetRows kn{k_next, k_offset}, vn{v_next, v_offset};
+  return HalfDecodeTileImpl(q_half, q_stride, q_unscale, rows, k, v, tokens, head_dim,
+                            logit_scale, m, l, acc, acc_stride, kn, vn, next_count, row_bytes);
 }
 
 void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
@@ -778,6 +1101,14 @@ void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* cons
 
 bool CpuHasAvx512Bf16() { return false; }
 bool CpuHasAvx512Bw() { return false; }
+bool CpuHasAvx512Fp16() { return false; }
+float QRowToHalf(const float*, int64_t, uint16_t*) { return 1.0f; }
+bool HalfDecodeTile(const uint16_t*, int64_t, const float*, int64_t, const uint8_t* const*,
+                    const uint8_t* const*, int64_t, int64_t, int64_t, int64_t, float, float*,
+                    float*, float*, int64_t, const uint8_t* const*, const uint8_t* const*,
+                    int64_t, int64_t) {
+  return false;
+}
 void WideLogits(DType, const float*, int64_t, int64_t, const void* const*, int64_t, int64_t,
                 float*, int64_t, const void* const*, int64_t, int64_t) {}
 bool WideDecodeTile(DType, const float*, int64_t, int64_t, const uint8_t* const*,

@@ -60,6 +60,8 @@ struct WorkerScratch {
   uint16_t* q_hi = nullptr;  // [max_rows, dim_pad] bf16 high part of q.
   uint16_t* q_lo = nullptr;  // [max_rows, dim_pad] bf16 of q - q_hi.
   float* q_eo = nullptr;     // [max_rows, dim_pad] q in WideQIndex order.
+  uint16_t* q_half = nullptr;   // [max_rows, RoundUp(dim_pad, kHalfDimAlign)] QRowToHalf rows.
+  float* q_half_unscale = nullptr;  // [max_rows] their QRowToHalf factors.
   float* s = nullptr;      // [max_rows, token_pad] logits, then weights.
   float* acc = nullptr;    // [max_rows, dim_pad] output accumulators.
   float* m = nullptr;      // [max_rows] running max.
@@ -100,6 +102,14 @@ void PreferBf16Dot(bool prefer);
 
 // Whether this CPU (and OS) run AVX-512 F, BW and VL.
 bool CpuHasAvx512Bw();
+// Whether it also runs AVX512-FP16 (f16 arithmetic).
+bool CpuHasAvx512Fp16();
+// Whether e4m3fn decode tiles run in f16 (HalfDecodeTile): CpuHasAvx512Fp16()
+// unless switched off by AllowHalfDecode(false).
+bool HalfDecodeEnabled();
+// Test and benchmark hook (process-wide): false keeps e4m3fn decode on the
+// widening path's f32 arithmetic, so both can be checked on one machine.
+void AllowHalfDecode(bool allow);
 
 // Whether this CPU (and OS) run AVX-512 BF16: avx512f/bw/vl/bf16 plus zmm
 // state enabled in XCR0.
@@ -171,6 +181,24 @@ void WidePv(DType v_dtype, const float* p, int64_t p_stride, int64_t rows,
 inline constexpr int64_t kWideDecodeMaxKeys = 32;
 bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride, int64_t rows,
                     const uint8_t* const* k_rows, const uint8_t* const* v_rows,
+                    int64_t k_offset, int64_t v_offset, int64_t tokens, int64_t head_dim,
+                    float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
+                    const uint8_t* const* k_next, const uint8_t* const* v_next,
+                    int64_t next_count, int64_t row_bytes);
+// ---- e4m3fn decode in f16 arithmetic (avx512_bf16.cc); call only if
+// CpuHasAvx512Fp16. q rows for it: row q (f32, head_dim) scaled by 2^e to
+// max |q| in [8, 16) and stored at out as f16 in the tile's order
+// (RoundUp(head_dim, 64) halves); returns 2^-e, which the tile's logits
+// are multiplied by.
+inline constexpr int64_t kHalfDimAlign = 64;
+float QRowToHalf(const float* q, int64_t head_dim, uint16_t* out);
+// As WideDecodeTile for e4m3fn K/V, with q from QRowToHalf (q_stride
+// halves apart, q_unscale[r] its return values): products and the tile's
+// sums in f16 (~1e-3 relative rounding), softmax and acc in f32. Returns
+// false, with m, l and acc untouched, in WideDecodeTile's cases and where
+// a K or V code in the tile is NaN (0x7F, 0xFF).
+bool HalfDecodeTile(const uint16_t* q_half, int64_t q_stride, const float* q_unscale,
+                    int64_t rows, const uint8_t* const* k_rows, const uint8_t* const* v_rows,
                     int64_t k_offset, int64_t v_offset, int64_t tokens, int64_t head_dim,
                     float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
                     const uint8_t* const* k_next, const uint8_t* const* v_next,
