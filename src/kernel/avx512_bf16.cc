@@ -89,21 +89,25 @@ bool CpuHasAvx512Fp16() {
 // The widening path's instructions, a subset of the above: its helpers
 // inline into both paths' functions.
 #define RPA_WIDE_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
-// The f16 decode tile's: the widening path's and AVX512-FP16.
-#define RPA_FP16_TARGET __attribute__((target("avx512fp16,avx512f,avx512bw,avx512vl")))
 
 namespace {
 
-// x + y as 16 floats, or (kHalf) as 32 halves: vaddph in inline assembly,
-// since these helpers are compiled without AVX512-FP16 (only the f16 tile
-// that calls them with kHalf has it) and a target attribute cannot depend on
-// a template parameter.
+// AVX512-FP16 arithmetic on 32 halves held in an __m512, by inline
+// assembly: Clang 14 declares the f16 vector types and intrinsics only when
+// the whole file is compiled for AVX512-FP16, which the other paths here
+// must not be. Called only where CpuHasAvx512Fp16().
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 HalfFma(__m512 a, __m512 b,
+                                                                   __m512 acc) {
+  __asm__("vfmadd231ph %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+// x + y as 16 floats, or (kHalf) as 32 halves (vaddph).
 template <bool kHalf>
 RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 AddLanes(__m512 x, __m512 y) {
   if constexpr (kHalf) {
-    __m512 sum;
-    __asm__("vaddph %2, %1, %0" : "=v"(sum) : "v"(x), "v"(y));
-    return sum;
+    __asm__("vaddph %1, %0, %0" : "+v"(x) : "v"(y));
+    return x;
   } else {
     return _mm512_add_ps(x, y);
   }
@@ -771,41 +775,41 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool SawNanCode(__m512i se
 
 // The logits of 4 rows x 4 keys (lane r * 4 + t), in f16 with the sums
 // finished in f32.
-RPA_FP16_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
+RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
     const uint16_t* const* q, const void* const* k, int64_t head_dim, __m512i* seen) {
-  __m512h acc[16];
+  __m512 acc[16];
 #pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ph();
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; d += 64) {
     const __mmask64 mask = ChunkMask64(d, head_dim);
-    __m512h ka[4], kb[4];
+    __m512 ka[4], kb[4];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       __m512i a, b;
       E4m3ToHalf(_mm512_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(k[t]) + d), &a, &b,
                  seen);
-      ka[t] = _mm512_castsi512_ph(a);
-      kb[t] = _mm512_castsi512_ph(b);
+      ka[t] = _mm512_castsi512_ps(a);
+      kb[t] = _mm512_castsi512_ps(b);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      const __m512h qa = _mm512_castsi512_ph(_mm512_loadu_si512(q[r] + d));
-      const __m512h qb = _mm512_castsi512_ph(_mm512_loadu_si512(q[r] + d + 32));
+      const __m512 qa = _mm512_castsi512_ps(_mm512_loadu_si512(q[r] + d));
+      const __m512 qb = _mm512_castsi512_ps(_mm512_loadu_si512(q[r] + d + 32));
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
-        acc[r * 4 + t] = _mm512_fmadd_ph(qa, ka[t], acc[r * 4 + t]);
-        acc[r * 4 + t] = _mm512_fmadd_ph(qb, kb[t], acc[r * 4 + t]);
+        acc[r * 4 + t] = HalfFma(qa, ka[t], acc[r * 4 + t]);
+        acc[r * 4 + t] = HalfFma(qb, kb[t], acc[r * 4 + t]);
       }
     }
   }
   __m512 fin[16];
 #pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) fin[i] = _mm512_castph_ps(acc[i]);
+  for (int i = 0; i < 16; ++i) fin[i] = acc[i];
   const __m512i pairs = _mm512_castps_si512(SumEach16<true>(fin));
   // Lane i's two halves added, the sum in the low half, then as f32.
-  const __m512h sums = _mm512_add_ph(_mm512_castsi512_ph(pairs),
-                                     _mm512_castsi512_ph(_mm512_srli_epi32(pairs, 16)));
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_castph_si512(sums)));
+  const __m512 sums = AddLanes<true>(_mm512_castsi512_ps(pairs),
+                                     _mm512_castsi512_ps(_mm512_srli_epi32(pairs, 16)));
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_castps_si512(sums)));
 }
 
 // One pass of the f16 PV over the kChunks 64-dim chunks from d0: the tile's
@@ -815,14 +819,14 @@ RPA_FP16_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
 // block t / 4. check_rest: also look at the row's codes past this pass, so
 // that a NaN code anywhere is seen before the first pass writes acc.
 template <int kChunks>
-RPA_FP16_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
+RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
     const uint32_t* wh, int64_t rows, const OffsetRows& v_rows, int64_t n, int64_t d0,
     int64_t head_dim, const float* alpha, float* acc, int64_t acc_stride,
     const OffsetRows* pf, int64_t pf_count, int64_t pf_bytes, bool check_rest) {
-  __m512h sum[kChunks][2][4];
+  __m512 sum[kChunks][2][4];
   for (int c = 0; c < kChunks; ++c) {
     for (int h = 0; h < 2; ++h) {
-      for (int r = 0; r < 4; ++r) sum[c][h][r] = _mm512_setzero_ph();
+      for (int r = 0; r < 4; ++r) sum[c][h][r] = _mm512_setzero_ps();
     }
   }
   __mmask64 mask[kChunks];
@@ -831,13 +835,13 @@ RPA_FP16_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
   for (int64_t t = 0; t < n; ++t) {
     if (pf != nullptr && t < pf_count) PrefetchRow((*pf)[t], pf_bytes);
     const uint8_t* row = static_cast<const uint8_t*>(v_rows[t]);
-    __m512h va[kChunks], vb[kChunks];
+    __m512 va[kChunks], vb[kChunks];
 #pragma GCC unroll 2
     for (int c = 0; c < kChunks; ++c) {
       __m512i a, b;
       E4m3ToHalf(_mm512_maskz_loadu_epi8(mask[c], row + d0 + 64 * c), &a, &b, &seen);
-      va[c] = _mm512_castsi512_ph(a);
-      vb[c] = _mm512_castsi512_ph(b);
+      va[c] = _mm512_castsi512_ps(a);
+      vb[c] = _mm512_castsi512_ps(b);
     }
     if (check_rest) {
       for (int64_t d = d0 + 64 * kChunks; d < head_dim; d += 64) {
@@ -849,11 +853,11 @@ RPA_FP16_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
     const uint32_t* w = wh + (t >> 2) * 16 + (t & 3);
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      const __m512h p = _mm512_castsi512_ph(_mm512_set1_epi32(static_cast<int>(w[r * 4])));
+      const __m512 p = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(w[r * 4])));
 #pragma GCC unroll 2
       for (int c = 0; c < kChunks; ++c) {
-        sum[c][0][r] = _mm512_fmadd_ph(p, va[c], sum[c][0][r]);
-        sum[c][1][r] = _mm512_fmadd_ph(p, vb[c], sum[c][1][r]);
+        sum[c][0][r] = HalfFma(p, va[c], sum[c][0][r]);
+        sum[c][1][r] = HalfFma(p, vb[c], sum[c][1][r]);
       }
     }
   }
@@ -865,7 +869,7 @@ RPA_FP16_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 keep = _mm512_set1_ps(alpha[r]);
     for (int c = 0; c < kChunks; ++c) {
-      const __m512i a = _mm512_castph_si512(sum[c][0][r]), b = _mm512_castph_si512(sum[c][1][r]);
+      const __m512i a = _mm512_castps_si512(sum[c][0][r]), b = _mm512_castps_si512(sum[c][1][r]);
       for (int half = 0; half < 2; ++half) {
         const int64_t d = d0 + 64 * c + 32 * half;
         if (d >= head_dim) break;
@@ -922,7 +926,7 @@ RPA_WIDE_TARGET float QRowToHalfImpl(const float* q, int64_t head_dim, uint16_t*
   return std::ldexp(1.0f, -exponent);
 }
 
-RPA_FP16_TARGET bool HalfDecodeTileImpl(const uint16_t* q_half, int64_t q_stride,
+RPA_WIDE_TARGET bool HalfDecodeTileImpl(const uint16_t* q_half, int64_t q_stride,
                                         const float* q_unscale, int64_t rows,
                                         const OffsetRows& k_rows, const OffsetRows& v_rows,
                                         int64_t n, int64_t head_dim, float logit_scale, float* m,
