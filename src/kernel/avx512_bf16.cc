@@ -824,8 +824,11 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
     int64_t head_dim, const float* alpha, float* acc, int64_t acc_stride,
     const OffsetRows* pf, int64_t pf_count, int64_t pf_bytes, bool check_rest) {
   __m512 sum[kChunks][2][4];
+#pragma GCC unroll 2
   for (int c = 0; c < kChunks; ++c) {
+#pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) sum[c][h][r] = _mm512_setzero_ps();
     }
   }
@@ -862,6 +865,17 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
     }
   }
   if (SawNanCode(seen)) return false;
+  // A copy for the rows' loop: indexed by a run-time row, sum itself would
+  // live on the stack, stored on every key.
+  __m512 done[kChunks][2][4];
+#pragma GCC unroll 2
+  for (int c = 0; c < kChunks; ++c) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) done[c][h][r] = sum[c][h][r];
+    }
+  }
   // From the unpacks' order to WideQIndex's: of dims {0-7, 16-23} (a's
   // half) and {8-15, 24-31} (b's), the even dims, then the odd ones.
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 14, 12, 10, 8, 22, 20, 18, 16, 6, 4, 2, 0);
@@ -869,7 +883,8 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 keep = _mm512_set1_ps(alpha[r]);
     for (int c = 0; c < kChunks; ++c) {
-      const __m512i a = _mm512_castps_si512(sum[c][0][r]), b = _mm512_castps_si512(sum[c][1][r]);
+      const __m512i a = _mm512_castps_si512(done[c][0][r]);
+      const __m512i b = _mm512_castps_si512(done[c][1][r]);
       for (int half = 0; half < 2; ++half) {
         const int64_t d = d0 + 64 * c + 32 * half;
         if (d >= head_dim) break;
