@@ -157,12 +157,10 @@ double Tolerance(const Case& c, double reference) {
   return kv + out_ulp * std::fabs(reference) * 1.01;
 }
 
-// Relative LSE tolerance: f32 softmax sums, except that e4m3fn decode tiles
-// may run in f16 arithmetic (HalfDecodeTile: logits rounded to ~2^-11 of
+// Relative LSE tolerance: f32 softmax sums, except that 8-bit float decode
+// tiles may run in f16 arithmetic (HalfDecodeTile: logits rounded to ~2^-11 of
 // their magnitude at each of ~10 steps).
-double LseTolerance(const Case& c) {
-  return c.spec.kv_dtype == DType::kF8E4M3FN ? 2e-3 : 1e-4;
-}
+double LseTolerance(const Case& c) { return SizeOf(c.spec.kv_dtype) == 1 ? 2e-3 : 1e-4; }
 
 struct Outputs {
   std::vector<uint8_t> out;
@@ -421,7 +419,7 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
 // stays untouched.
 // The fused decode tiles against the online-softmax update in f64:
 // WideDecodeTile (f32 arithmetic) for bf16 and both 8-bit floats, and
-// HalfDecodeTile (f16 products and tile sums) for e4m3fn where the CPU has
+// HalfDecodeTile (f16 products and tile sums) for both where the CPU has
 // AVX512-FP16, whose logits may be off by ~2^-11 of sum_d |q_d k_d| at each
 // of ~10 roundings (tolerance 2^-8 of it) and its weighted sums likewise.
 TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
@@ -436,7 +434,10 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
   };
   std::vector<Tile> tiles = {{DType::kBF16, false}, {DType::kF8E4M3FN, false},
                              {DType::kF8E5M2, false}};
-  if (CpuHasAvx512Fp16()) tiles.push_back({DType::kF8E4M3FN, true});
+  if (CpuHasAvx512Fp16()) {
+    tiles.push_back({DType::kF8E4M3FN, true});
+    tiles.push_back({DType::kF8E5M2, true});
+  }
   for (const auto [dtype, half] : tiles) {
     // The loops see e4m3fn values times 2^-8 (kE4M3Rescale).
     const double stored = dtype == DType::kF8E4M3FN ? 1.0 / 256.0 : 1.0;
@@ -476,9 +477,9 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
             std::vector<uint16_t> q_half(kRows * half_stride);
             std::vector<float> unscale(kRows);
             for (int64_t r = 0; r < kRows; ++r) {
-              unscale[r] = QRowToHalf(&q[r * pad], head_dim, &q_half[r * half_stride]);
+              unscale[r] = QRowToHalf(dtype, &q[r * pad], head_dim, &q_half[r * half_stride]);
             }
-            ASSERT_TRUE(HalfDecodeTile(q_half.data(), half_stride, unscale.data(), rows,
+            ASSERT_TRUE(HalfDecodeTile(dtype, q_half.data(), half_stride, unscale.data(), rows,
                                        key_rows.data(), key_rows.data(), 0, v_offset, tokens,
                                        head_dim, scale, m_out.data(), l_out.data(),
                                        acc_out.data(), pad, key_rows.data(), key_rows.data(),
@@ -582,16 +583,24 @@ TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
   }
 }
 
-// HalfDecodeTile maps e4m3fn's NaN codes (0x7F, 0xFF) to finite f16, so it
-// looks for them: one in a K row, or in a V row past the first 128-dim pass
-// (which writes acc first), makes it decline with the state bit-identical.
-TEST(KernelWideTest, HalfDecodeTileDeclinesNanCodes) {
+// HalfDecodeTile would turn e4m3fn's NaN codes (0x7F, 0xFF) into finite
+// f16, and e5m2's NaN and inf codes reach the sums, so it looks at the
+// codes: one in a K row, or in a V row past the first 128-dim pass (which
+// writes acc first), makes it decline with the state bit-identical.
+TEST(KernelWideTest, HalfDecodeTileDeclinesNonFiniteCodes) {
   if (!CpuHasAvx512Fp16()) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
   constexpr int64_t kRows = 4, kDim = 256, kTokens = 9;
+  struct Variant {
+    DType dtype;
+    uint8_t code;
+  };
   for (const bool in_v : {false, true}) {
-    for (const uint8_t code : {uint8_t{0x7F}, uint8_t{0xFF}}) {
-      std::vector<uint8_t> k(kTokens * kDim, 0x30), v = k;  // 0x30: 0.5.
-      (in_v ? v : k)[5 * kDim + 200] = code;
+    for (const Variant variant :
+         {Variant{DType::kF8E4M3FN, 0x7F}, Variant{DType::kF8E4M3FN, 0xFF},
+          Variant{DType::kF8E5M2, 0x7C}, Variant{DType::kF8E5M2, 0xFC},
+          Variant{DType::kF8E5M2, 0x7E}, Variant{DType::kF8E5M2, 0xFF}}) {
+      std::vector<uint8_t> k(kTokens * kDim, 0x30), v = k;  // 0.5 in e4m3fn, 0.125 in e5m2.
+      (in_v ? v : k)[5 * kDim + 200] = variant.code;
       std::vector<const uint8_t*> k_rows(kTokens), v_rows(kTokens);
       for (int64_t t = 0; t < kTokens; ++t) {
         k_rows[t] = k.data() + t * kDim;
@@ -601,17 +610,57 @@ TEST(KernelWideTest, HalfDecodeTileDeclinesNanCodes) {
       std::vector<uint16_t> q_half(kRows * kDim);
       std::vector<float> unscale(kRows);
       for (int64_t r = 0; r < kRows; ++r) {
-        unscale[r] = QRowToHalf(q.data(), kDim, &q_half[r * kDim]);
+        unscale[r] = QRowToHalf(variant.dtype, q.data(), kDim, &q_half[r * kDim]);
       }
       const std::vector<float> m_before = m, l_before = l, acc_before = acc;
-      const std::string where = std::string(in_v ? "V" : "K") + " code " + std::to_string(code);
-      EXPECT_FALSE(HalfDecodeTile(q_half.data(), kDim, unscale.data(), kRows, k_rows.data(),
-                                  v_rows.data(), 0, 0, kTokens, kDim, 1.0f, m.data(), l.data(),
-                                  acc.data(), kDim, nullptr, nullptr, 0, kDim))
+      const std::string where = std::string(ToString(variant.dtype)) + (in_v ? " V" : " K") +
+                                " code " + std::to_string(variant.code);
+      EXPECT_FALSE(HalfDecodeTile(variant.dtype, q_half.data(), kDim, unscale.data(), kRows,
+                                  k_rows.data(), v_rows.data(), 0, 0, kTokens, kDim, 1.0f,
+                                  m.data(), l.data(), acc.data(), kDim, nullptr, nullptr, 0,
+                                  kDim))
           << where;
       EXPECT_EQ(m, m_before) << where;
       EXPECT_EQ(l, l_before) << where;
       EXPECT_EQ(acc, acc_before) << where;
+    }
+  }
+}
+
+// The largest codes, everywhere: no f16 sum overflows, so the tile does not
+// decline and matches the f32 tile.
+TEST(KernelWideTest, HalfDecodeTileTakesTheLargestCodes) {
+  if (!CpuHasAvx512Fp16()) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
+  constexpr int64_t kRows = 4, kDim = 256, kTokens = 32;
+  for (const auto& [dtype, largest] :
+       {std::pair{DType::kF8E4M3FN, uint8_t{0x7E}}, std::pair{DType::kF8E5M2, uint8_t{0x7B}}}) {
+    std::vector<uint8_t> kv(kTokens * kDim, largest);
+    std::vector<const uint8_t*> rows(kTokens);
+    for (int64_t t = 0; t < kTokens; ++t) rows[t] = kv.data() + t * kDim;
+    std::vector<float> q(kDim, 3.0f), q_eo(kDim, 3.0f);
+    std::vector<uint16_t> q_half(kRows * kDim);
+    std::vector<float> unscale(kRows);
+    for (int64_t r = 0; r < kRows; ++r) {
+      unscale[r] = QRowToHalf(dtype, q.data(), kDim, &q_half[r * kDim]);
+    }
+    std::vector<float> m(kRows, -std::numeric_limits<float>::infinity()), l(kRows, 0.0f);
+    std::vector<float> acc(kRows * kDim, 0.0f);
+    std::vector<float> m_wide = m, l_wide = l, acc_wide = acc;
+    ASSERT_TRUE(HalfDecodeTile(dtype, q_half.data(), kDim, unscale.data(), kRows, rows.data(),
+                               rows.data(), 0, 0, kTokens, kDim, 1e-3f, m.data(), l.data(),
+                               acc.data(), kDim, nullptr, nullptr, 0, kDim))
+        << ToString(dtype);
+    ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), 0, kRows, rows.data(), rows.data(), 0, 0,
+                               kTokens, kDim, 1e-3f, m_wide.data(), l_wide.data(),
+                               acc_wide.data(), kDim, nullptr, nullptr, 0, kDim));
+    for (int64_t r = 0; r < kRows; ++r) {
+      EXPECT_NEAR(m[r], m_wide[r], 4e-3 * std::fabs(m_wide[r])) << ToString(dtype);
+      EXPECT_NEAR(l[r], l_wide[r], 1e-3 * l_wide[r]) << ToString(dtype);
+      for (int64_t d = 0; d < kDim; ++d) {
+        EXPECT_NEAR(acc[r * kDim + d], acc_wide[r * kDim + d],
+                    4e-3 * std::fabs(acc_wide[r * kDim + d]))
+            << ToString(dtype) << " row " << r << " dim " << d;
+      }
     }
   }
 }

@@ -660,9 +660,9 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   // group of 3; a last 1 or 2 rows take the unfused path, cheaper for them.
   const bool fused_decode =
       wide_path && rows_per_head >= 3 && rows_per_head <= 8 && pr.soft_cap == 0.0f;
-  // e4m3fn's fused tiles run in f16 arithmetic where the CPU has it
+  // 8-bit float fused tiles run in f16 arithmetic where the CPU has it
   // (HalfDecodeTile; WideDecodeTile where it declines).
-  const bool half_decode = fused_decode && pr.kv_dtype == DType::kF8E4M3FN && HalfDecodeEnabled();
+  const bool half_decode = fused_decode && fp8 && HalfDecodeEnabled();
   const int64_t half_stride = RoundUp(dim_pad, kHalfDimAlign);
 
   for (int64_t r = 0; r < rows; ++r) {
@@ -682,7 +682,9 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       float* q_eo = ws.q_eo + r * dim_pad;
       for (int64_t d = 0; d < dim_pad; ++d) q_eo[WideQIndex(d)] = q[d];
     }
-    if (half_decode) ws.q_half_unscale[r] = QRowToHalf(q, D, ws.q_half + r * half_stride);
+    if (half_decode) {
+      ws.q_half_unscale[r] = QRowToHalf(pr.kv_dtype, q, D, ws.q_half + r * half_stride);
+    }
     ws.m[r] = -std::numeric_limits<float>::infinity();
     ws.l[r] = 0.0f;
     std::memset(ws.acc + r * dim_pad, 0, sizeof(float) * dim_pad);
@@ -758,7 +760,8 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
         const uint8_t* const* k_pf = first ? k_nb : nullptr;
         const bool done =
             (half_decode &&
-             HalfDecodeTile(ws.q_half + r0 * half_stride, half_stride, ws.q_half_unscale + r0,
+             HalfDecodeTile(pr.kv_dtype, ws.q_half + r0 * half_stride, half_stride,
+                            ws.q_half_unscale + r0,
                             group, k_cur, v_cur, h * k_head_bytes, h * v_head_bytes, n, D,
                             sp.logit_scale, ws.m + r0, ws.l + r0, ws.acc + r0 * dim_pad,
                             dim_pad, k_pf, v_nb, n_next, row_bytes)) ||

@@ -738,15 +738,16 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride, int
 }
 
 
-// ---- e4m3fn decode in f16 arithmetic (AVX512-FP16). An e4m3fn code's bits
-// shifted into an f16 (sign to bit 15, the other 7 bits to bits 13-7) are
-// its value times 2^-8 exactly, subnormals included, in 3 vector ops per 32
-// codes (the table needs 7, then the widening 2 more); vfmadd231ph does 32
-// products per instruction where the f32 FMA does 16. Exactness of the
-// bounds: q is scaled by a power of 2 to |q| < 16 (QRowToHalf) and |k|, |v|
-// <= 448 * 2^-8, so no f16 sum of up to 2048 dimensions or of 32 weighted
-// values overflows; the rounding (2^-11 relative per step) is ~1e-3 of a
-// logit or an output, inside the 8-bit float tolerance.
+// ---- 8-bit float decode in f16 arithmetic (AVX512-FP16). An e5m2 code is
+// the high byte of its f16; an e4m3fn code's bits moved into an f16 (sign
+// to bit 15, the other 7 bits to bits 13-7) are its value times 2^-8
+// exactly, subnormals included. That takes 1 or 3 vector ops per 32 codes
+// (the bf16 table 7, then the widening 2 more), and vfmadd231ph does 32
+// products per instruction where the f32 FMA does 16. No f16 sum can
+// overflow: q is scaled by a power of 2 so that a head's products sum to
+// less than 65504 (QRowToHalf) and, for e5m2, the weights by 2^-5 so that
+// 32 weighted values do; the rounding (2^-11 of a partial sum per step, ~10
+// steps) is ~1e-3 of a logit or an output, inside the 8-bit tolerance.
 
 // The elements [d, d + 64) of a row that lie below head_dim.
 inline __mmask64 ChunkMask64(int64_t d, int64_t head_dim) {
@@ -754,27 +755,42 @@ inline __mmask64 ChunkMask64(int64_t d, int64_t head_dim) {
   return left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
 }
 
-// 64 e4m3fn codes as f16 bits of value * 2^-8, lane-interleaved as the byte
-// unpacks leave them: a = elements {0-7, 16-23, 32-39, 48-55}, b = {8-15,
-// 24-31, 40-47, 56-63} (QRowToHalf stores q in the same order). The NaN
-// codes (0x7F, 0xFF) would come out finite: *seen keeps each byte's
-// maximum of code | 0x80, 0xFF once a NaN code went by.
-RPA_WIDE_TARGET __attribute__((always_inline)) inline void E4m3ToHalf(__m512i x, __m512i* a,
-                                                                     __m512i* b, __m512i* seen) {
-  *seen = _mm512_max_epu8(*seen, _mm512_or_si512(x, _mm512_set1_epi8(static_cast<char>(0x80))));
-  // Code c in a word's high byte, arithmetic shift by 1: s s eeee mmm 0000000; then bit 14 cleared.
+// The largest magnitude of a code (e4m3fn as stored here, times 2^-8), and
+// the weights' scale that keeps a tile's 32 weighted values below 65504.
+template <bool kE5m2>
+inline constexpr float kHalfCodeMax = kE5m2 ? 57344.0f : 448.0f / 256.0f;
+template <bool kE5m2>
+inline constexpr float kHalfWeightScale = kE5m2 ? 1.0f / 32 : 1.0f;
+
+// 64 codes as f16 bits, lane-interleaved as the byte unpacks leave them: a
+// = elements {0-7, 16-23, 32-39, 48-55}, b = {8-15, 24-31, 40-47, 56-63}
+// (QRowToHalf stores q in the same order). The non-finite codes (e4m3fn
+// 0x7F and 0xFF would come out finite) are seen at the byte level: *seen
+// keeps each byte's maximum of code | (the bits that are not the NaN/inf
+// pattern's), 0xFF once such a code went by.
+template <bool kE5m2>
+RPA_WIDE_TARGET __attribute__((always_inline)) inline void CodesToHalf(__m512i x, __m512i* a,
+                                                                      __m512i* b, __m512i* seen) {
+  const char others = static_cast<char>(kE5m2 ? 0x83 : 0x80);  // e5m2: exponent 11111.
+  *seen = _mm512_max_epu8(*seen, _mm512_or_si512(x, _mm512_set1_epi8(others)));
   const __m512i zero = _mm512_setzero_si512();
-  const __m512i clear14 = _mm512_set1_epi16(static_cast<short>(0xBFFF));
-  *a = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpacklo_epi8(zero, x), 1), clear14);
-  *b = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpackhi_epi8(zero, x), 1), clear14);
+  *a = _mm512_unpacklo_epi8(zero, x);  // The code in a word's high byte.
+  *b = _mm512_unpackhi_epi8(zero, x);
+  if constexpr (!kE5m2) {
+    // Arithmetic shift by 1: s s eeee mmm 0000000; then bit 14 cleared.
+    const __m512i clear14 = _mm512_set1_epi16(static_cast<short>(0xBFFF));
+    *a = _mm512_and_si512(_mm512_srai_epi16(*a, 1), clear14);
+    *b = _mm512_and_si512(_mm512_srai_epi16(*b, 1), clear14);
+  }
 }
 
-RPA_WIDE_TARGET __attribute__((always_inline)) inline bool SawNanCode(__m512i seen) {
+RPA_WIDE_TARGET __attribute__((always_inline)) inline bool SawNonFiniteCode(__m512i seen) {
   return _mm512_cmpeq_epi8_mask(seen, _mm512_set1_epi8(-1)) != 0;
 }
 
 // The logits of 4 rows x 4 keys (lane r * 4 + t), in f16 with the sums
 // finished in f32.
+template <bool kE5m2>
 RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
     const uint16_t* const* q, const void* const* k, int64_t head_dim, __m512i* seen) {
   __m512 acc[16];
@@ -786,8 +802,8 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       __m512i a, b;
-      E4m3ToHalf(_mm512_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(k[t]) + d), &a, &b,
-                 seen);
+      CodesToHalf<kE5m2>(_mm512_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(k[t]) + d), &a,
+                         &b, seen);
       ka[t] = _mm512_castsi512_ps(a);
       kb[t] = _mm512_castsi512_ps(b);
     }
@@ -818,7 +834,7 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
 // the weights as f16 pairs (both halves the same), lane r * 4 + t % 4 of
 // block t / 4. check_rest: also look at the row's codes past this pass, so
 // that a NaN code anywhere is seen before the first pass writes acc.
-template <int kChunks>
+template <int kChunks, bool kE5m2>
 RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
     const uint32_t* wh, int64_t rows, const OffsetRows& v_rows, int64_t n, int64_t d0,
     int64_t head_dim, const float* alpha, float* acc, int64_t acc_stride,
@@ -842,15 +858,15 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
 #pragma GCC unroll 2
     for (int c = 0; c < kChunks; ++c) {
       __m512i a, b;
-      E4m3ToHalf(_mm512_maskz_loadu_epi8(mask[c], row + d0 + 64 * c), &a, &b, &seen);
+      CodesToHalf<kE5m2>(_mm512_maskz_loadu_epi8(mask[c], row + d0 + 64 * c), &a, &b, &seen);
       va[c] = _mm512_castsi512_ps(a);
       vb[c] = _mm512_castsi512_ps(b);
     }
     if (check_rest) {
       for (int64_t d = d0 + 64 * kChunks; d < head_dim; d += 64) {
-        seen = _mm512_max_epu8(
-            seen, _mm512_or_si512(_mm512_maskz_loadu_epi8(ChunkMask64(d, head_dim), row + d),
-                                  _mm512_set1_epi8(static_cast<char>(0x80))));
+        __m512i a, b;  // Unused: only the codes are looked at.
+        CodesToHalf<kE5m2>(_mm512_maskz_loadu_epi8(ChunkMask64(d, head_dim), row + d), &a, &b,
+                           &seen);
       }
     }
     const uint32_t* w = wh + (t >> 2) * 16 + (t & 3);
@@ -864,7 +880,7 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
       }
     }
   }
-  if (SawNanCode(seen)) return false;
+  if (SawNonFiniteCode(seen)) return false;
   // A copy for the rows' loop: indexed by a run-time row, sum itself would
   // live on the stack, stored on every key.
   __m512 done[kChunks][2][4];
@@ -880,6 +896,7 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
   // half) and {8-15, 24-31} (b's), the even dims, then the odd ones.
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 14, 12, 10, 8, 22, 20, 18, 16, 6, 4, 2, 0);
   const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 15, 13, 11, 9, 23, 21, 19, 17, 7, 5, 3, 1);
+  const __m512 unscale = _mm512_set1_ps(1.0f / kHalfWeightScale<kE5m2>);
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 keep = _mm512_set1_ps(alpha[r]);
     for (int c = 0; c < kChunks; ++c) {
@@ -893,19 +910,22 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
         const __m512 fb = _mm512_cvtph_ps(half == 0 ? _mm512_castsi512_si256(b)
                                                     : _mm512_extracti64x4_epi64(b, 1));
         float* dst = acc + r * acc_stride + d;
-        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_loadu_ps(dst), keep,
-                                              _mm512_permutex2var_ps(fa, even, fb)));
-        _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(_mm512_loadu_ps(dst + 16), keep,
-                                                   _mm512_permutex2var_ps(fa, odd, fb)));
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_permutex2var_ps(fa, even, fb), unscale,
+                                              _mm512_mul_ps(_mm512_loadu_ps(dst), keep)));
+        _mm512_storeu_ps(dst + 16,
+                         _mm512_fmadd_ps(_mm512_permutex2var_ps(fa, odd, fb), unscale,
+                                         _mm512_mul_ps(_mm512_loadu_ps(dst + 16), keep)));
       }
     }
   }
   return true;
 }
 
-// q row -> f16 in E4m3ToHalf's order, scaled by 2^e so that max |q| lies in
-// [8, 16); returns 2^-e (1 for a zero or non-finite row: inf and NaN stay
-// and make the tile decline).
+// q row -> f16 in CodesToHalf's order, scaled by 2^e so that its products
+// with a head of codes (at most kHalfCodeMax each) sum to less than 65504,
+// and |q| < 16; returns 2^-e (1 for a zero or non-finite row: inf and NaN
+// stay and make the tile decline).
+template <bool kE5m2>
 RPA_WIDE_TARGET float QRowToHalfImpl(const float* q, int64_t head_dim, uint16_t* out) {
   __m512 peak = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; d += 16) {
@@ -915,8 +935,15 @@ RPA_WIDE_TARGET float QRowToHalfImpl(const float* q, int64_t head_dim, uint16_t*
   const float max_abs = _mm512_reduce_max_ps(peak);
   int exponent = 0;
   if (max_abs > 0.0f && max_abs <= std::numeric_limits<float>::max()) {
-    std::frexp(max_abs, &exponent);  // max_abs = f 2^exponent, f in [0.5, 1).
-    exponent = std::clamp(4 - exponent, -120, 120);
+    // |q| < 2^limit, 2^limit <= 65504 / (dims x kHalfCodeMax), limit <= 4.
+    int room = 0;
+    std::frexp(65504.0f / (static_cast<float>(RoundUp(head_dim, kHalfDimAlign)) *
+                           kHalfCodeMax<kE5m2>),
+               &room);
+    const int limit = std::min(4, room - 1);
+    int top = 0;
+    std::frexp(max_abs, &top);  // max_abs = f 2^top, f in [0.5, 1).
+    exponent = std::clamp(limit - top, -120, 120);
   }
   const __m512 scale = _mm512_set1_ps(std::ldexp(1.0f, exponent));
   for (int64_t d = 0; d < head_dim; d += 64) {
@@ -941,6 +968,7 @@ RPA_WIDE_TARGET float QRowToHalfImpl(const float* q, int64_t head_dim, uint16_t*
   return std::ldexp(1.0f, -exponent);
 }
 
+template <bool kE5m2>
 RPA_WIDE_TARGET bool HalfDecodeTileImpl(const uint16_t* q_half, int64_t q_stride,
                                         const float* q_unscale, int64_t rows,
                                         const OffsetRows& k_rows, const OffsetRows& v_rows,
@@ -969,26 +997,28 @@ RPA_WIDE_TARGET bool HalfDecodeTileImpl(const uint16_t* q_half, int64_t q_stride
     const void* k[4];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
-    KeepLogitsBlock(_mm512_mul_ps(HalfLogitsVector(q, k, head_dim, &seen), scale), valid,
+    KeepLogitsBlock(_mm512_mul_ps(HalfLogitsVector<kE5m2>(q, k, head_dim, &seen), scale), valid,
                     w + 16 * b, &vmax, &nan);
   }
   DecodeTileState next;
-  if (SawNanCode(seen) || !DecodeTileSoftmax(w, n, vmax, nan, rows, m, l, &next)) return false;
+  if (SawNonFiniteCode(seen) || !DecodeTileSoftmax(w, n, vmax, nan, rows, m, l, &next)) return false;
   alignas(64) uint32_t wh[kWideDecodeMaxKeys / 4 * 16];
   for (int64_t b = 0; 4 * b < n; ++b) {
-    const __m512i h = _mm512_cvtepu16_epi32(
-        _mm512_cvtps_ph(_mm512_load_ps(w + 16 * b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m512 p = _mm512_mul_ps(_mm512_load_ps(w + 16 * b),
+                                   _mm512_set1_ps(kHalfWeightScale<kE5m2>));
+    const __m512i h =
+        _mm512_cvtepu16_epi32(_mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     _mm512_store_si512(wh + 16 * b, _mm512_or_si512(h, _mm512_slli_epi32(h, 16)));
   }
   const OffsetRows* pf = prefetch ? &v_next : nullptr;
   int64_t d = 0;
   for (; d + 64 < head_dim; d += 128) {
-    if (!HalfPvPass<2>(wh, rows, v_rows, n, d, head_dim, next.alpha, acc, acc_stride,
+    if (!HalfPvPass<2, kE5m2>(wh, rows, v_rows, n, d, head_dim, next.alpha, acc, acc_stride,
                        d == 0 ? pf : nullptr, n_next, pf_bytes, d == 0)) {
       return false;
     }
   }
-  if (d < head_dim && !HalfPvPass<1>(wh, rows, v_rows, n, d, head_dim, next.alpha, acc,
+  if (d < head_dim && !HalfPvPass<1, kE5m2>(wh, rows, v_rows, n, d, head_dim, next.alpha, acc,
                                      acc_stride, d == 0 ? pf : nullptr, n_next, pf_bytes,
                                      d == 0)) {
     return false;
@@ -1044,11 +1074,13 @@ bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride, int64_t
                                    acc, acc_stride, kn, vn, next_count, row_bytes, nullptr);
 }
 
-float QRowToHalf(const float* q, int64_t head_dim, uint16_t* out) {
-  return QRowToHalfImpl(q, head_dim, out);
+float QRowToHalf(DType kv_dtype, const float* q, int64_t head_dim, uint16_t* out) {
+  return kv_dtype == DType::kF8E5M2 ? QRowToHalfImpl<true>(q, head_dim, out)
+                                    : QRowToHalfImpl<false>(q, head_dim, out);
 }
 
-bool HalfDecodeTile(const uint16_t* q_half, int64_t q_stride, const float* q_unscale,
+bool HalfDecodeTile(DType kv_dtype, const uint16_t* q_half, int64_t q_stride,
+                    const float* q_unscale,
                     int64_t rows, const uint8_t* const* k_rows, const uint8_t* const* v_rows,
                     int64_t k_offset, int64_t v_offset, int64_t tokens, int64_t head_dim,
                     float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
@@ -1056,8 +1088,14 @@ bool HalfDecodeTile(const uint16_t* q_half, int64_t q_stride, const float* q_uns
                     int64_t next_count, int64_t row_bytes) {
   const OffsetRows k{k_rows, k_offset}, v{v_rows, v_offset};
   const OffsetRows kn{k_next, k_offset}, vn{v_next, v_offset};
-  return HalfDecodeTileImpl(q_half, q_stride, q_unscale, rows, k, v, tokens, head_dim,
-                            logit_scale, m, l, acc, acc_stride, kn, vn, next_count, row_bytes);
+  if (kv_dtype == DType::kF8E5M2) {
+    return HalfDecodeTileImpl<true>(q_half, q_stride, q_unscale, rows, k, v, tokens, head_dim,
+                                    logit_scale, m, l, acc, acc_stride, kn, vn, next_count,
+                                    row_bytes);
+  }
+  return HalfDecodeTileImpl<false>(q_half, q_stride, q_unscale, rows, k, v, tokens, head_dim,
+                                   logit_scale, m, l, acc, acc_stride, kn, vn, next_count,
+                                   row_bytes);
 }
 
 void Fp8RowsToBf16(DType dtype, const void** rows, int64_t tokens, int64_t head_dim,
@@ -1121,8 +1159,8 @@ void Bf16AccumulatePV(float* p, int64_t p_stride, int64_t rows, const void* cons
 bool CpuHasAvx512Bf16() { return false; }
 bool CpuHasAvx512Bw() { return false; }
 bool CpuHasAvx512Fp16() { return false; }
-float QRowToHalf(const float*, int64_t, uint16_t*) { return 1.0f; }
-bool HalfDecodeTile(const uint16_t*, int64_t, const float*, int64_t, const uint8_t* const*,
+float QRowToHalf(DType, const float*, int64_t, uint16_t*) { return 1.0f; }
+bool HalfDecodeTile(DType, const uint16_t*, int64_t, const float*, int64_t, const uint8_t* const*,
                     const uint8_t* const*, int64_t, int64_t, int64_t, int64_t, float, float*,
                     float*, float*, int64_t, const uint8_t* const*, const uint8_t* const*,
                     int64_t, int64_t) {

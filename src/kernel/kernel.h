@@ -104,11 +104,11 @@ void PreferBf16Dot(bool prefer);
 bool CpuHasAvx512Bw();
 // Whether it also runs AVX512-FP16 (f16 arithmetic).
 bool CpuHasAvx512Fp16();
-// Whether e4m3fn decode tiles run in f16 (HalfDecodeTile): CpuHasAvx512Fp16()
-// unless switched off by AllowHalfDecode(false).
+// Whether 8-bit float decode tiles run in f16 (HalfDecodeTile):
+// CpuHasAvx512Fp16() unless switched off by AllowHalfDecode(false).
 bool HalfDecodeEnabled();
-// Test and benchmark hook (process-wide): false keeps e4m3fn decode on the
-// widening path's f32 arithmetic, so both can be checked on one machine.
+// Test and benchmark hook (process-wide): false keeps 8-bit float decode on
+// the widening path's f32 arithmetic, so both can be checked on one machine.
 void AllowHalfDecode(bool allow);
 
 // Whether this CPU (and OS) run AVX-512 BF16: avx512f/bw/vl/bf16 plus zmm
@@ -185,24 +185,24 @@ bool WideDecodeTile(DType kv_dtype, const float* q_eo, int64_t q_stride, int64_t
                     float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
                     const uint8_t* const* k_next, const uint8_t* const* v_next,
                     int64_t next_count, int64_t row_bytes);
-// ---- e4m3fn decode in f16 arithmetic (avx512_bf16.cc); call only if
-// CpuHasAvx512Fp16. q rows for it: row q (f32, head_dim) scaled by 2^e to
-// max |q| in [8, 16) and stored at out as f16 in the tile's order
-// (RoundUp(head_dim, 64) halves); returns 2^-e, which the tile's logits
-// are multiplied by.
+// ---- 8-bit float decode in f16 arithmetic (avx512_bf16.cc); call only if
+// CpuHasAvx512Fp16. q rows for it: row q (f32, head_dim) scaled by a power
+// of 2 (no f16 sum of its products with kv_dtype codes can overflow) and
+// stored at out as f16 in the tile's order (RoundUp(head_dim, 64) halves);
+// returns the factor that undoes the scaling, for the tile's logits.
 inline constexpr int64_t kHalfDimAlign = 64;
-float QRowToHalf(const float* q, int64_t head_dim, uint16_t* out);
-// As WideDecodeTile for e4m3fn K/V, with q from QRowToHalf (q_stride
-// halves apart, q_unscale[r] its return values): products and the tile's
-// sums in f16 (~1e-3 relative rounding), softmax and acc in f32. Returns
-// false, with m, l and acc untouched, in WideDecodeTile's cases and where
-// a K or V code in the tile is NaN (0x7F, 0xFF).
-bool HalfDecodeTile(const uint16_t* q_half, int64_t q_stride, const float* q_unscale,
-                    int64_t rows, const uint8_t* const* k_rows, const uint8_t* const* v_rows,
-                    int64_t k_offset, int64_t v_offset, int64_t tokens, int64_t head_dim,
-                    float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
-                    const uint8_t* const* k_next, const uint8_t* const* v_next,
-                    int64_t next_count, int64_t row_bytes);
+float QRowToHalf(DType kv_dtype, const float* q, int64_t head_dim, uint16_t* out);
+// As WideDecodeTile for e4m3fn or e5m2 K/V, with q from QRowToHalf
+// (q_stride halves apart, q_unscale[r] its return values): products and the
+// tile's sums in f16 (~1e-3 relative rounding), softmax and acc in f32.
+// Returns false, with m, l and acc untouched, in WideDecodeTile's cases and
+// where a K or V code in the tile is NaN or infinite.
+bool HalfDecodeTile(DType kv_dtype, const uint16_t* q_half, int64_t q_stride,
+                    const float* q_unscale, int64_t rows, const uint8_t* const* k_rows,
+                    const uint8_t* const* v_rows, int64_t k_offset, int64_t v_offset,
+                    int64_t tokens, int64_t head_dim, float logit_scale, float* m, float* l,
+                    float* acc, int64_t acc_stride, const uint8_t* const* k_next,
+                    const uint8_t* const* v_next, int64_t next_count, int64_t row_bytes);
 // Where dimension d lives on the widening path: within each 32-dimension
 // chunk, the even dimensions first, then the odd ones.
 inline int64_t WideQIndex(int64_t d) {
