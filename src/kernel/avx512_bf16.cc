@@ -12,6 +12,10 @@
 // PV: vdpbf16ps sums over pairs of keys, so V rows t and t+1 are interleaved
 // in registers (vpunpck{l,h}wd); the accumulator then holds each 32-dim chunk
 // in the order Bf16AccIndex describes, undone once per task.
+//
+// Also here: the widening path (bf16 and 8-bit floats widened to f32 in
+// registers, f32 FMA), its fused decode tile, and the 8-bit float decode
+// tile in f16 arithmetic (AVX512-FP16); each section says why.
 #include <cstdint>
 #include <algorithm>
 #include <cmath>
