@@ -22,7 +22,7 @@ FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer
 TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:Concurrency*
 
 .PHONY: all setup build demo test test-cpp test-python test-asan test-tsan test-fuzz fuzz \
-	fuzz-build clean
+	fuzz-build check-arm clean
 
 all: build
 
@@ -63,6 +63,11 @@ test-tsan:
 	  -DRPA_SANITIZE=thread -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target rpa_tests
 	TSAN_OPTIONS=halt_on_error=1 ./$(TSAN_BUILD)/tests/rpa_tests --gtest_filter='$(TSAN_FILTER)'
+
+# The library's sources compiled for aarch64 with the cross compiler (installed
+# if missing): it builds for Arm. Not part of `make test`.
+check-arm: build
+	./scripts/check_arm.sh $(BUILD)
 
 # libFuzzer targets with ASan+UBSan (clang): each runs FUZZ_SECONDS from its
 # seed corpus (fuzz/corpus/<fuzzer>) and stops make on any finding.
