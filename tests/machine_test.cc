@@ -54,5 +54,20 @@ TEST(MachineLimitsTest, RooflineIsTheSlowerOfMemoryAndTheFastestArithmetic) {
   EXPECT_DOUBLE_EQ(m.RooflineSeconds(1e11, 1e9, DType::kF32, true), 0.5);
 }
 
+TEST(MachineLimitsTest, TheF16PeakCountsForDtypesExactInF16) {
+  MachineLimits m = Limits(10.0, 20.0, 100.0, 200.0, 50.0, 100.0);
+  m.fma_f16_gflops[0] = 200.0;
+  m.fma_f16_gflops[1] = 1000.0;
+  // 8-bit floats are exact in f16: its peak, where it is the highest.
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kF8E4M3FN, true), 1000.0);
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kF8E5M2, false), 200.0);
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kF16, true), 1000.0);
+  // bf16 is not (its range is wider), nor f32: the best of the rest.
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kBF16, true), 200.0);
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kF32, false), 100.0);
+  const MachineLimits higher = HigherLimits(m, Limits(10.0, 20.0, 100.0, 200.0, 50.0, 100.0));
+  EXPECT_EQ(higher.fma_f16_gflops[1], 1000.0);
+}
+
 }  // namespace
 }  // namespace rpa::tools

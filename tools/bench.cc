@@ -301,11 +301,13 @@ void PrintJson(const MachineLimits& limits, int threads, const std::vector<Resul
               "\"read_gbs_1_thread\": %.2f, \"read_gbs_all_threads\": %.2f, "
               "\"fma_f32_gflops_1_thread\": %.1f, \"fma_f32_gflops_all_threads\": %.1f, "
               "\"bf16_dot_gflops_1_thread\": %.1f, \"bf16_dot_gflops_all_threads\": %.1f, "
-              "\"avx512_bf16\": %s},\n \"workloads\": [",
+              "\"fma_f16_gflops_1_thread\": %.1f, \"fma_f16_gflops_all_threads\": %.1f, "
+              "\"avx512_bf16\": %s, \"avx512_fp16\": %s},\n \"workloads\": [",
               threads, static_cast<long long>(limits.llc_bytes), limits.read_gbs[0],
               limits.read_gbs[1], limits.fma_f32_gflops[0], limits.fma_f32_gflops[1],
-              limits.bf16_dot_gflops[0], limits.bf16_dot_gflops[1],
-              limits.avx512_bf16 ? "true" : "false");
+              limits.bf16_dot_gflops[0], limits.bf16_dot_gflops[1], limits.fma_f16_gflops[0],
+              limits.fma_f16_gflops[1], limits.avx512_bf16 ? "true" : "false",
+              limits.avx512_fp16 ? "true" : "false");
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     std::printf("%s\n  {\"name\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"frac_of_limit\": %.3f, "
@@ -331,6 +333,10 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
   if (limits.bf16_dot_gflops[0] > 0) {
     std::printf("  bf16 dot peak    %7.1f GFLOP/s          %7.1f GFLOP/s\n",
                 limits.bf16_dot_gflops[0], limits.bf16_dot_gflops[1]);
+  }
+  if (limits.fma_f16_gflops[0] > 0) {
+    std::printf("  f16 FMA peak     %7.1f GFLOP/s          %7.1f GFLOP/s\n",
+                limits.fma_f16_gflops[0], limits.fma_f16_gflops[1]);
   }
   std::printf("  (measured before and after the workloads, %.1f s in all; each figure the higher\n"
               "   of the two, each of those the best of several repetitions)\n",

@@ -150,6 +150,22 @@ __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) double DotBf16(i
   g_sink = g_sink + static_cast<uint64_t>(_mm512_reduce_add_ps(s));
   return static_cast<double>(iters) * kAcc * 16 * 4;
 }
+
+// vfmadd231ph on 32 halves, by inline assembly as in the kernel (Clang 14
+// declares the f16 intrinsics only for files compiled for AVX512-FP16).
+__attribute__((target("avx512f"))) double FmaF16(int64_t iters) {
+  __m512 a[kAcc];
+  for (int i = 0; i < kAcc; ++i) a[i] = _mm512_castsi512_ps(_mm512_set1_epi16(0));
+  const __m512 b = _mm512_castsi512_ps(_mm512_set1_epi16(0x3C00));  // 1.0
+  const __m512 c = _mm512_castsi512_ps(_mm512_set1_epi16(0x1400));  // 2^-10
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kAcc; ++i) __asm__("vfmadd231ph %2, %1, %0" : "+v"(a[i]) : "v"(b), "v"(c));
+  }
+  __m512i s = _mm512_castps_si512(a[0]);
+  for (int i = 1; i < kAcc; ++i) s = _mm512_xor_si512(s, _mm512_castps_si512(a[i]));
+  g_sink = g_sink + static_cast<uint64_t>(_mm512_reduce_add_epi32(s));
+  return static_cast<double>(iters) * kAcc * 32 * 2;
+}
 #endif
 
 // GFLOP/s of `kernel` run on `threads` threads at once; best of reps. Each
@@ -196,9 +212,13 @@ double MachineLimits::PeakGflops(DType kv_dtype, bool all_threads) const {
   // bf16 and the 8-bit floats are also exact in bf16, so the bf16 dot
   // counts for them where it is faster (on the CPU measured here it is not:
   // vdpbf16ps issues every other cycle, half the f32 FMA rate).
-  const bool bf16_exact = kv_dtype == DType::kBF16 || kv_dtype == DType::kF8E4M3FN ||
-                          kv_dtype == DType::kF8E5M2;
-  return bf16_exact ? std::max(bf16_dot_gflops[i], fma_f32_gflops[i]) : fma_f32_gflops[i];
+  const bool fp8 = kv_dtype == DType::kF8E4M3FN || kv_dtype == DType::kF8E5M2;
+  double peak = fma_f32_gflops[i];
+  if (kv_dtype == DType::kBF16 || fp8) peak = std::max(peak, bf16_dot_gflops[i]);
+  // f16 and the 8-bit floats are exact in f16 (bf16 is not: its range is
+  // wider); the kernel's fp8 decode tiles multiply in f16.
+  if (kv_dtype == DType::kF16 || fp8) peak = std::max(peak, fma_f16_gflops[i]);
+  return peak;
 }
 
 double MachineLimits::RooflineSeconds(double flops, double bytes, DType kv_dtype,
@@ -214,6 +234,7 @@ MachineLimits MeasureMachine(int threads, bool quick) {
   limits.threads = internal::ResolveNumThreads(threads);
   limits.llc_bytes = LastLevelCacheBytes();
   limits.avx512_bf16 = internal::CpuHasAvx512Bf16();
+  limits.avx512_fp16 = internal::CpuHasAvx512Fp16();
   // At least 4x the LLC, so the reads come from memory.
   const size_t bytes = std::clamp<size_t>(static_cast<size_t>(limits.llc_bytes) * 4,
                                           size_t{1} << 30, size_t{4} << 30);
@@ -236,6 +257,9 @@ MachineLimits MeasureMachine(int threads, bool quick) {
     if (limits.avx512_bf16) {
       limits.bf16_dot_gflops[i] = PeakGflops(DotBf16, counts[i], reps, iters);
     }
+    if (limits.avx512_fp16) {
+      limits.fma_f16_gflops[i] = PeakGflops(FmaF16, counts[i], reps, iters);
+    }
 #endif
   }
   limits.seconds = Seconds(start, Clock::now());
@@ -248,6 +272,7 @@ MachineLimits HigherLimits(const MachineLimits& a, const MachineLimits& b) {
     m.read_gbs[i] = std::max(a.read_gbs[i], b.read_gbs[i]);
     m.fma_f32_gflops[i] = std::max(a.fma_f32_gflops[i], b.fma_f32_gflops[i]);
     m.bf16_dot_gflops[i] = std::max(a.bf16_dot_gflops[i], b.bf16_dot_gflops[i]);
+    m.fma_f16_gflops[i] = std::max(a.fma_f16_gflops[i], b.fma_f16_gflops[i]);
   }
   m.seconds = a.seconds + b.seconds;
   return m;
