@@ -649,15 +649,31 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m128 PerRow(__m512 v) {
       _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
 }
 
-// Keeps a fused decode tile's block of scaled logits x (lane r * 4 + t) for
-// DecodeTileSoftmax: the lanes of keys t >= valid become -inf.
-RPA_WIDE_TARGET __attribute__((always_inline)) inline void KeepLogitsBlock(
-    __m512 x, int64_t valid, float* w, __m512* vmax, __mmask16* nan) {
-  *nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __mmask16 keys = static_cast<__mmask16>(((1u << valid) - 1) * 0x1111u);
-  x = _mm512_mask_blend_ps(keys, _mm512_set1_ps(-__builtin_inff()), x);
-  *vmax = _mm512_max_ps(*vmax, x);
-  _mm512_store_ps(w, x);
+// A fused decode tile's logits, 4 keys at a time: block(k) gives the scaled
+// logits of keys k[0..3] (lane r * 4 + t); they go to w, keys past n as
+// -inf, for DecodeTileSoftmax, with their lane-wise maximum in *vmax and
+// the lanes that were NaN in *nan. The next tile's K rows are prefetched
+// meanwhile (k_next.rows null: none).
+template <class Block>
+RPA_WIDE_TARGET __attribute__((always_inline)) inline void DecodeTileLogits(
+    const OffsetRows& k_rows, int64_t n, const OffsetRows& k_next, int64_t n_next,
+    int64_t pf_bytes, const Block& block, float* w, __m512* vmax, __mmask16* nan) {
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  *vmax = neg_inf;
+  *nan = 0;
+  for (int64_t b = 0; 4 * b < n; ++b) {
+    const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
+    if (k_next.rows != nullptr) PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
+    const void* k[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
+    __m512 x = block(k);
+    *nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __mmask16 keys = static_cast<__mmask16>(((1u << valid) - 1) * 0x1111u);
+    x = _mm512_mask_blend_ps(keys, neg_inf, x);
+    *vmax = _mm512_max_ps(*vmax, x);
+    _mm512_store_ps(w + 16 * b, x);
+  }
 }
 
 // A fused decode tile's new softmax state for its (up to) 4 rows: m, l and
@@ -722,17 +738,14 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride, int
   for (int r = 0; r < 4; ++r) q[r] = q_eo + (r < rows ? r : rows - 1) * q_stride;
   // Logits, then weights, in blocks of 4 keys: lane r * 4 + t = (row r, key 4b + t).
   alignas(64) float w[kWideDecodeMaxKeys / 4 * 16];
-  __m512 vmax = _mm512_set1_ps(-__builtin_inff());
-  __mmask16 nan = 0;
-  for (int64_t b = 0; 4 * b < n; ++b) {
-    const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
-    if (prefetch) PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
-    const void* k[4];
-#pragma GCC unroll 4
-    for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
-    KeepLogitsBlock(_mm512_mul_ps(WideLogitsVector<4, 4, kFp8>(q, k, head_dim, lut), scale),
-                    valid, w + 16 * b, &vmax, &nan);
-  }
+  __m512 vmax;
+  __mmask16 nan;
+  DecodeTileLogits(
+      k_rows, n, k_next, n_next, pf_bytes,
+      [&](const void* const* k) RPA_WIDE_TARGET {
+        return _mm512_mul_ps(WideLogitsVector<4, 4, kFp8>(q, k, head_dim, lut), scale);
+      },
+      w, &vmax, &nan);
   DecodeTileState next;
   if (!DecodeTileSoftmax(w, n, vmax, nan, rows, m, l, &next)) return false;
   next.Commit(rows, m, l);
@@ -845,15 +858,10 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
     const uint32_t* wh, int64_t rows, const OffsetRows& v_rows, int64_t n, int64_t d0,
     int64_t head_dim, const float* alpha, float* acc, int64_t acc_stride,
     const OffsetRows* pf, int64_t pf_count, int64_t pf_bytes, bool check_rest) {
-  __m512 sum[kChunks][2][4];
-#pragma GCC unroll 2
-  for (int c = 0; c < kChunks; ++c) {
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) sum[c][h][r] = _mm512_setzero_ps();
-    }
-  }
+  // Index (c * 2 + h) * 4 + r: chunk c, h = 0 for the a half (b: 1), row r.
+  __m512 sum[kChunks * 8];
+#pragma GCC unroll 16
+  for (int i = 0; i < kChunks * 8; ++i) sum[i] = _mm512_setzero_ps();
   __mmask64 mask[kChunks];
   for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask64(d0 + 64 * c, head_dim);
   __m512i seen = _mm512_setzero_si512();
@@ -881,23 +889,17 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
       const __m512 p = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(w[r * 4])));
 #pragma GCC unroll 2
       for (int c = 0; c < kChunks; ++c) {
-        sum[c][0][r] = HalfFma(p, va[c], sum[c][0][r]);
-        sum[c][1][r] = HalfFma(p, vb[c], sum[c][1][r]);
+        sum[c * 8 + r] = HalfFma(p, va[c], sum[c * 8 + r]);
+        sum[c * 8 + 4 + r] = HalfFma(p, vb[c], sum[c * 8 + 4 + r]);
       }
     }
   }
   if (SawNonFiniteCode(seen)) return false;
   // A copy for the rows' loop: indexed by a run-time row, sum itself would
   // live on the stack, stored on every key.
-  __m512 done[kChunks][2][4];
-#pragma GCC unroll 2
-  for (int c = 0; c < kChunks; ++c) {
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) done[c][h][r] = sum[c][h][r];
-    }
-  }
+  __m512 done[kChunks * 8];
+#pragma GCC unroll 16
+  for (int i = 0; i < kChunks * 8; ++i) done[i] = sum[i];
   // From the unpacks' order to WideQIndex's: of dims {0-7, 16-23} (a's
   // half) and {8-15, 24-31} (b's), the even dims, then the odd ones.
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 14, 12, 10, 8, 22, 20, 18, 16, 6, 4, 2, 0);
@@ -906,8 +908,8 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 keep = _mm512_set1_ps(alpha[r]);
     for (int c = 0; c < kChunks; ++c) {
-      const __m512i a = _mm512_castps_si512(done[c][0][r]);
-      const __m512i b = _mm512_castps_si512(done[c][1][r]);
+      const __m512i a = _mm512_castps_si512(done[c * 8 + r]);
+      const __m512i b = _mm512_castps_si512(done[c * 8 + 4 + r]);
       for (int half = 0; half < 2; ++half) {
         const int64_t d = d0 + 64 * c + 32 * half;
         if (d >= head_dim) break;
@@ -994,20 +996,19 @@ RPA_WIDE_TARGET bool HalfDecodeTileImpl(const uint16_t* q_half, int64_t q_stride
       _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
       _mm512_castps128_ps512(_mm_load_ps(row_scale)));
   alignas(64) float w[kWideDecodeMaxKeys / 4 * 16];
-  __m512 vmax = _mm512_set1_ps(-__builtin_inff());
-  __mmask16 nan = 0;
+  __m512 vmax;
+  __mmask16 nan;
   __m512i seen = _mm512_setzero_si512();
-  for (int64_t b = 0; 4 * b < n; ++b) {
-    const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
-    if (prefetch) PrefetchRows(k_next, n_next, t0, 4, pf_bytes);
-    const void* k[4];
-#pragma GCC unroll 4
-    for (int t = 0; t < 4; ++t) k[t] = k_rows[t0 + (t < valid ? t : 0)];
-    KeepLogitsBlock(_mm512_mul_ps(HalfLogitsVector<kE5m2>(q, k, head_dim, &seen), scale), valid,
-                    w + 16 * b, &vmax, &nan);
-  }
+  DecodeTileLogits(
+      k_rows, n, k_next, n_next, pf_bytes,
+      [&](const void* const* k) RPA_WIDE_TARGET {
+        return _mm512_mul_ps(HalfLogitsVector<kE5m2>(q, k, head_dim, &seen), scale);
+      },
+      w, &vmax, &nan);
   DecodeTileState next;
-  if (SawNonFiniteCode(seen) || !DecodeTileSoftmax(w, n, vmax, nan, rows, m, l, &next)) return false;
+  if (SawNonFiniteCode(seen) || !DecodeTileSoftmax(w, n, vmax, nan, rows, m, l, &next)) {
+    return false;
+  }
   alignas(64) uint32_t wh[kWideDecodeMaxKeys / 4 * 16];
   for (int64_t b = 0; 4 * b < n; ++b) {
     const __m512 p = _mm512_mul_ps(_mm512_load_ps(w + 16 * b),
