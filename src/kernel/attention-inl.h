@@ -654,15 +654,18 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   auto token_of = [&](int64_t r) { return q_start + task.q_begin + (r % rows_per_head) / G; };
   auto head_of = [&](int64_t r) { return (task.kv_head + r / rows_per_head) * G + r % G; };
 
-  // Decode's fused tiles (WideDecodeTile): 3-8 rows per kv head (fp8 is
-  // converted in the loops up to 8), no soft cap; a tile qualifies when all
-  // its keys are visible to every row. Rows go in groups of 4 and a last
-  // group of 3; a last 1 or 2 rows take the unfused path, cheaper for them.
+  // Decode's fused tiles: up to 8 rows per kv head (fp8 is converted in the
+  // loops up to 8), no soft cap; a tile qualifies when all its keys are
+  // visible to every row. Rows go in groups of 4 and a last smaller group.
+  // 8-bit floats run in f16 arithmetic where the CPU has it (HalfDecodeTile,
+  // WideDecodeTile where it declines), cheaper than the unfused path for any
+  // group; else WideDecodeTile, whose 4 rows' work a last 1 or 2 rows would
+  // not pay for: they take the unfused path.
+  const bool half_decode =
+      wide_path && fp8 && rows_per_head <= 8 && pr.soft_cap == 0.0f && HalfDecodeEnabled();
+  const int64_t min_group = half_decode ? 1 : 3;
   const bool fused_decode =
-      wide_path && rows_per_head >= 3 && rows_per_head <= 8 && pr.soft_cap == 0.0f;
-  // 8-bit float fused tiles run in f16 arithmetic where the CPU has it
-  // (HalfDecodeTile; WideDecodeTile where it declines).
-  const bool half_decode = fused_decode && fp8 && HalfDecodeEnabled();
+      wide_path && rows_per_head >= min_group && rows_per_head <= 8 && pr.soft_cap == 0.0f;
   const int64_t half_stride = RoundUp(dim_pad, kHalfDimAlign);
 
   for (int64_t r = 0; r < rows; ++r) {
@@ -754,7 +757,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
       // Rows [h * rows_per_head, r0) done by fused tiles, [r0, r0 + rows_left) not.
       int64_t r0 = h * rows_per_head;
       int64_t rows_left = rows_per_head;
-      while (fused && rows_left >= 3) {
+      while (fused && rows_left >= min_group) {
         const int64_t group = std::min<int64_t>(rows_left, 4);
         const bool first = rows_left == rows_per_head;  // It prefetches the next tile.
         const uint8_t* const* k_pf = first ? k_nb : nullptr;

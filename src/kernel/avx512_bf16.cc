@@ -774,6 +774,11 @@ inline __mmask64 ChunkMask64(int64_t d, int64_t head_dim) {
   return left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
 }
 
+// The largest |logit| (after scaling) that a tile's maximum may have: past
+// it the f16 rounding of the dominant logits (~2^-11 of each partial sum)
+// would move their weights by more than ~0.6%.
+inline constexpr float kHalfMaxLogit = 16.0f;
+
 // The largest magnitude of a code (e4m3fn as stored here, times 2^-8), and
 // the weights' scale that keeps a tile's 32 weighted values below 65504.
 template <bool kE5m2>
@@ -1005,8 +1010,13 @@ RPA_WIDE_TARGET bool HalfDecodeTileImpl(const uint16_t* q_half, int64_t q_stride
         return _mm512_mul_ps(HalfLogitsVector<kE5m2>(q, k, head_dim, &seen), scale);
       },
       w, &vmax, &nan);
+  // Logits near the row's maximum carry its weight; their f16 error grows
+  // with their magnitude (~4e-4 of it here), so a tile whose largest logit
+  // is far from 0 (over kHalfMaxLogit either way) is left to f32.
+  const __m512 tile_max = _mm512_abs_ps(RowMax(vmax));
+  const bool large = _mm512_cmp_ps_mask(tile_max, _mm512_set1_ps(kHalfMaxLogit), _CMP_GT_OQ) != 0;
   DecodeTileState next;
-  if (SawNonFiniteCode(seen) || !DecodeTileSoftmax(w, n, vmax, nan, rows, m, l, &next)) {
+  if (large || SawNonFiniteCode(seen) || !DecodeTileSoftmax(w, n, vmax, nan, rows, m, l, &next)) {
     return false;
   }
   alignas(64) uint32_t wh[kWideDecodeMaxKeys / 4 * 16];

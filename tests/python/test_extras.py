@@ -19,6 +19,16 @@ TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "float8_e4m3fn": 5e-2, "float8_e5
 MIXED = [(1, 9), (5, 13), (7, 7), (1, 1), (3, 30)]  # decode, chunked, full prefill.
 
 
+def tolerance(dtype, expected):
+  """TOLERANCE[dtype] (for unit-scale values), and for the 8-bit floats at
+  least 2e-3 of the outputs' magnitude: their decode may multiply and sum in
+  f16 (docs/decisions.md), ~2^-11 of the values summed per rounding."""
+  tol = TOLERANCE[dtype]
+  if dtype in FP8:
+    tol = max(tol, 2e-3 * float(np.nanmax(np.abs(np.asarray(to_numpy(expected), np.float64)))))
+  return tol
+
+
 def decode(codes, dtype):
   """float64 values of codes, from the formats' bit fields (not the library's
   conversion): e4m3fn has bias 7, no infinity and S.1111.111 as NaN; e5m2 is
@@ -184,7 +194,7 @@ def test_quantized_cache_vs_reference_and_numpy(rng, dtype):
   out = rpa.ragged_paged_attention(*b.args, **options)
   ref = rpa.ref_ragged_paged_attention(*b.args, **options)
   assert out.dtype == np.float32 and out.shape == b.q.shape
-  assert max_abs_diff(out, ref) <= TOLERANCE[dtype]
+  assert max_abs_diff(out, ref) <= tolerance(dtype, ref)
   # The library's reference vs dequantize-first in NumPy, from the bit fields.
   expected = numpy_ref(b.q, dequantized(b, dtype, **scales), *b.args[2:], sm_scale=32**-0.5)
   assert max_abs_diff(ref, expected) <= 1e-5
@@ -208,15 +218,17 @@ def test_quantized_cache_options(rng, dtype, options):
   out, lse = rpa.ragged_paged_attention(*b.args, return_lse=True, **kw)
   ref, ref_lse = rpa.ref_ragged_paged_attention(*b.args, return_lse=True, **kw)
   assert out.dtype == q_dtype
-  tol = max(TOLERANCE[dtype], 1e-2 if q_dtype == np.float16 else 0)
+  tol = max(tolerance(dtype, ref), 1e-2 if q_dtype == np.float16 else 0)
   assert max_abs_diff(out, ref) <= tol
   n = int(b.num_seqs[0])
   live = slice(int(b.cu_q_lens[0]), int(b.cu_q_lens[n]))
-  np.testing.assert_allclose(lse[live], ref_lse[live], atol=1e-3)
+  # 8-bit float decode may run in f16 (docs/decisions.md): logits, and so the
+  # LSE, off by ~2^-11 of their partial sums.
+  np.testing.assert_allclose(lse[live], ref_lse[live], atol=1e-2)
   # Without scales: the codes' own values.
   plain = rpa.ragged_paged_attention(*b.args, kv_dtype=dtype, sm_scale=0.01)
-  assert max_abs_diff(plain, numpy_ref(b.q, decode(b.kv_pages, dtype), *b.args[2:],
-                                       sm_scale=0.01)) <= tol
+  plain_ref = numpy_ref(b.q, decode(b.kv_pages, dtype), *b.args[2:], sm_scale=0.01)
+  assert max_abs_diff(plain, plain_ref) <= max(tol, tolerance(dtype, plain_ref))
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -227,7 +239,7 @@ def test_quantized_split_caches(rng, dtype, layout):
   combined = rpa.ref_ragged_paged_attention(*b.args, **kw)
   kv = b.split(layout)
   split = rpa.ragged_paged_attention(b.q, kv, *b.args[2:], kv_layout=layout, **kw)
-  assert max_abs_diff(split, combined) <= TOLERANCE[dtype]
+  assert max_abs_diff(split, combined) <= tolerance(dtype, combined)
   np.testing.assert_array_equal(
       rpa.ref_ragged_paged_attention(b.q, kv, *b.args[2:], kv_layout=layout, **kw), combined)
 
@@ -286,7 +298,7 @@ def test_quantized_paged_attention(rng, dtype):
   combined = combined.transpose(1, 2, 0, 3, 4).reshape(30, 4, 4, 16)
   expected = numpy_ref(q, combined, lengths, page_indices, np.arange(5, dtype=np.int32),
                        np.array([4]))
-  assert max_abs_diff(out, expected) <= TOLERANCE[dtype]
+  assert max_abs_diff(out, expected) <= tolerance(dtype, expected)
 
 
 def test_validate_and_kv_dtype_errors(rng):
@@ -509,7 +521,7 @@ def test_fused_write_bytes_and_output(rng, cache_dtype):
   np.testing.assert_array_equal(cache[untouched_pages].view(np.uint8),
                                 before[untouched_pages].view(np.uint8))
   ref = rpa.ref_ragged_paged_attention(*b.args, **kw)
-  tol = TOLERANCE[cache_dtype]
+  tol = tolerance(cache_dtype, ref)
   assert max_abs_diff(out, ref) <= tol
   if cache_dtype in QUANTIZED:  # And dequantize-first in NumPy.
     kv = dequantized(b, cache_dtype, k_scale, v_scale)
@@ -537,8 +549,8 @@ def test_fused_write_split_caches(rng, layout, cache_dtype):
   np.testing.assert_array_equal(v.view(np.uint8), ev.view(np.uint8))
   ref, ref_lse = rpa.ref_ragged_paged_attention(b.q, (ek, ev), *b.args[2:], kv_layout=layout,
                                                 return_lse=True, **kw)
-  assert max_abs_diff(out, ref) <= TOLERANCE[cache_dtype]
-  np.testing.assert_allclose(lse, ref_lse, atol=1e-3 if cache_dtype != "float32" else 1e-5)
+  assert max_abs_diff(out, ref) <= tolerance(cache_dtype, ref)
+  np.testing.assert_allclose(lse, ref_lse, atol=1e-2 if cache_dtype != "float32" else 1e-5)
 
 
 def test_fused_write_torch_in_place(rng):
