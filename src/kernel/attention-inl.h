@@ -661,11 +661,10 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
   // WideDecodeTile where it declines), cheaper than the unfused path for any
   // group; else WideDecodeTile, whose 4 rows' work a last 1 or 2 rows would
   // not pay for: they take the unfused path.
-  const bool half_decode =
-      wide_path && fp8 && rows_per_head <= 8 && pr.soft_cap == 0.0f && HalfDecodeEnabled();
+  const bool fusable = wide_path && rows_per_head <= 8 && pr.soft_cap == 0.0f;
+  const bool half_decode = fusable && fp8 && HalfDecodeEnabled();
   const int64_t min_group = half_decode ? 1 : 3;
-  const bool fused_decode =
-      wide_path && rows_per_head >= min_group && rows_per_head <= 8 && pr.soft_cap == 0.0f;
+  const bool fused_decode = fusable && rows_per_head >= min_group;
   const int64_t half_stride = RoundUp(dim_pad, kHalfDimAlign);
 
   for (int64_t r = 0; r < rows; ++r) {
@@ -764,10 +763,9 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task, in
         const bool done =
             (half_decode &&
              HalfDecodeTile(pr.kv_dtype, ws.q_half + r0 * half_stride, half_stride,
-                            ws.q_half_unscale + r0,
-                            group, k_cur, v_cur, h * k_head_bytes, h * v_head_bytes, n, D,
-                            sp.logit_scale, ws.m + r0, ws.l + r0, ws.acc + r0 * dim_pad,
-                            dim_pad, k_pf, v_nb, n_next, row_bytes)) ||
+                            ws.q_half_unscale + r0, group, k_cur, v_cur, h * k_head_bytes,
+                            h * v_head_bytes, n, D, sp.logit_scale, ws.m + r0, ws.l + r0,
+                            ws.acc + r0 * dim_pad, dim_pad, k_pf, v_nb, n_next, row_bytes)) ||
             WideDecodeTile(wide_dtype, ws.q_eo + r0 * dim_pad, dim_pad, group, k_cur, v_cur,
                            h * k_head_bytes, h * v_head_bytes, n, D, sp.logit_scale, ws.m + r0,
                            ws.l + r0, ws.acc + r0 * dim_pad, dim_pad, k_pf, v_nb, n_next,

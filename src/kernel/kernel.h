@@ -194,9 +194,11 @@ inline constexpr int64_t kHalfDimAlign = 64;
 float QRowToHalf(DType kv_dtype, const float* q, int64_t head_dim, uint16_t* out);
 // As WideDecodeTile for e4m3fn or e5m2 K/V, with q from QRowToHalf
 // (q_stride halves apart, q_unscale[r] its return values): products and the
-// tile's sums in f16 (~1e-3 relative rounding), softmax and acc in f32.
-// Returns false, with m, l and acc untouched, in WideDecodeTile's cases and
-// where a K or V code in the tile is NaN or infinite.
+// tile's sums in f16 (~4e-4 of a logit, ~1e-3 of |V|), softmax and acc in
+// f32. Returns false, with m, l and acc untouched, in WideDecodeTile's
+// cases, where a K or V code in the tile is NaN or infinite, and where the
+// tile's largest |logit| exceeds 16 (its f16 rounding would then move the
+// dominant weights by more than ~0.6%).
 bool HalfDecodeTile(DType kv_dtype, const uint16_t* q_half, int64_t q_stride,
                     const float* q_unscale, int64_t rows, const uint8_t* const* k_rows,
                     const uint8_t* const* v_rows, int64_t k_offset, int64_t v_offset,
