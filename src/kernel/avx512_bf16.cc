@@ -754,7 +754,6 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride, int
   return true;
 }
 
-
 // ---- 8-bit float decode in f16 arithmetic (AVX512-FP16). An e5m2 code is
 // the high byte of its f16; an e4m3fn code's bits moved into an f16 (sign
 // to bit 15, the other 7 bits to bits 13-7) are its value times 2^-8
@@ -762,11 +761,12 @@ RPA_WIDE_TARGET bool WideDecodeTileImpl(const float* q_eo, int64_t q_stride, int
 // (the bf16 table 7, then the widening 2 more), and vfmadd231ph does 32
 // products per instruction where the f32 FMA does 16 (at ~0.8 per cycle
 // against the FMA's 2 on the CPU measured, but on one port, leaving the
-// other to the conversions and shuffles). No f16 sum can
-// overflow: q is scaled by a power of 2 so that a head's products sum to
-// less than 65504 (QRowToHalf) and, for e5m2, the weights by 2^-5 so that
-// 32 weighted values do; the rounding (2^-11 of a partial sum per step, ~10
-// steps) is ~1e-3 of a logit or an output, inside the 8-bit tolerance.
+// other to the conversions and shuffles). No f16 sum can overflow: q is
+// scaled by a power of 2 so that a head's products sum to less than 65504
+// (QRowToHalf) and, for e5m2, the weights by 2^-5 so that 32 weighted
+// values do. The rounding (2^-11 of a partial sum per step, ~10 steps)
+// moves a logit by ~4e-4 of its magnitude and an output by ~1e-3 of |V|,
+// inside the 8-bit tolerance.
 
 // The elements [d, d + 64) of a row that lie below head_dim.
 inline __mmask64 ChunkMask64(int64_t d, int64_t head_dim) {
@@ -857,7 +857,7 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
 // the widening path's order (WideQIndex), for the rows that exist. wh:
 // the weights as f16 pairs (both halves the same), lane r * 4 + t % 4 of
 // block t / 4. check_rest: also look at the row's codes past this pass, so
-// that a NaN code anywhere is seen before the first pass writes acc.
+// that a NaN or inf code anywhere is seen before the first pass writes acc.
 template <int kChunks, bool kE5m2>
 RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
     const uint32_t* wh, int64_t rows, const OffsetRows& v_rows, int64_t n, int64_t d0,
