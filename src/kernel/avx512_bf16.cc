@@ -1031,13 +1031,13 @@ RPA_WIDE_TARGET bool HalfDecodeTileImpl(const uint16_t* q_half, int64_t q_stride
   int64_t d = 0;
   for (; d + 64 < head_dim; d += 128) {
     if (!HalfPvPass<2, kE5m2>(wh, rows, v_rows, n, d, head_dim, next.alpha, acc, acc_stride,
-                       d == 0 ? pf : nullptr, n_next, pf_bytes, d == 0)) {
+                              d == 0 ? pf : nullptr, n_next, pf_bytes, d == 0)) {
       return false;
     }
   }
-  if (d < head_dim && !HalfPvPass<1, kE5m2>(wh, rows, v_rows, n, d, head_dim, next.alpha, acc,
-                                     acc_stride, d == 0 ? pf : nullptr, n_next, pf_bytes,
-                                     d == 0)) {
+  if (d < head_dim &&
+      !HalfPvPass<1, kE5m2>(wh, rows, v_rows, n, d, head_dim, next.alpha, acc, acc_stride,
+                            d == 0 ? pf : nullptr, n_next, pf_bytes, d == 0)) {
     return false;
   }
   next.Commit(rows, m, l);
