@@ -1097,12 +1097,11 @@ float QRowToHalf(DType kv_dtype, const float* q, int64_t head_dim, uint16_t* out
 }
 
 bool HalfDecodeTile(DType kv_dtype, const uint16_t* q_half, int64_t q_stride,
-                    const float* q_unscale,
-                    int64_t rows, const uint8_t* const* k_rows, const uint8_t* const* v_rows,
-                    int64_t k_offset, int64_t v_offset, int64_t tokens, int64_t head_dim,
-                    float logit_scale, float* m, float* l, float* acc, int64_t acc_stride,
-                    const uint8_t* const* k_next, const uint8_t* const* v_next,
-                    int64_t next_count, int64_t row_bytes) {
+                    const float* q_unscale, int64_t rows, const uint8_t* const* k_rows,
+                    const uint8_t* const* v_rows, int64_t k_offset, int64_t v_offset,
+                    int64_t tokens, int64_t head_dim, float logit_scale, float* m, float* l,
+                    float* acc, int64_t acc_stride, const uint8_t* const* k_next,
+                    const uint8_t* const* v_next, int64_t next_count, int64_t row_bytes) {
   const OffsetRows k{k_rows, k_offset}, v{v_rows, v_offset};
   const OffsetRows kn{k_next, k_offset}, vn{v_next, v_offset};
   if (kv_dtype == DType::kF8E5M2) {
