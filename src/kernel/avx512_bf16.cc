@@ -146,14 +146,24 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 SumEach16(const __m
                          _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Lane i of the result = the sum of acc[i]'s lanes: a block's 16 logits.
+// Lane i of the result = the sum of acc[i]'s lanes (kHalf: 32 halves each),
+// as f32: a block's 16 logits.
+template <bool kHalf = false>
 RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 BlockLogits(const __m512* acc) {
   // A copy for the reduction: acc's own address never escapes, so GCC keeps
   // it in registers instead of storing all 16 to the stack every step.
   __m512 fin[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) fin[i] = acc[i];
-  return SumEach16(fin);
+  if constexpr (kHalf) {
+    const __m512i pairs = _mm512_castps_si512(SumEach16<true>(fin));
+    // Lane i's two halves added, the sum in the low half, then as f32.
+    const __m512 sums = AddLanes<true>(_mm512_castsi512_ps(pairs),
+                                       _mm512_castsi512_ps(_mm512_srli_epi32(pairs, 16)));
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_castps_si512(sums)));
+  } else {
+    return SumEach16(fin);
+  }
 }
 
 // Stores a kRows x kTokens block's logits (lane r * kTokens + t) for the
@@ -786,17 +796,23 @@ inline constexpr float kHalfCodeMax = kE5m2 ? 57344.0f : 448.0f / 256.0f;
 template <bool kE5m2>
 inline constexpr float kHalfWeightScale = kE5m2 ? 1.0f / 32 : 1.0f;
 
+// The non-finite codes (e4m3fn 0x7F and 0xFF would come out of CodesToHalf
+// finite) are seen at the byte level: *seen keeps each byte's maximum of
+// code | (the bits that are not the NaN/inf pattern's), 0xFF once such a
+// code went by (SawNonFiniteCode).
+template <bool kE5m2>
+RPA_WIDE_TARGET __attribute__((always_inline)) inline void SeeCodes(__m512i x, __m512i* seen) {
+  const char others = static_cast<char>(kE5m2 ? 0x83 : 0x80);  // e5m2: exponent 11111.
+  *seen = _mm512_max_epu8(*seen, _mm512_or_si512(x, _mm512_set1_epi8(others)));
+}
+
 // 64 codes as f16 bits, lane-interleaved as the byte unpacks leave them: a
 // = elements {0-7, 16-23, 32-39, 48-55}, b = {8-15, 24-31, 40-47, 56-63}
-// (QRowToHalf stores q in the same order). The non-finite codes (e4m3fn
-// 0x7F and 0xFF would come out finite) are seen at the byte level: *seen
-// keeps each byte's maximum of code | (the bits that are not the NaN/inf
-// pattern's), 0xFF once such a code went by.
+// (QRowToHalf stores q in the same order); the codes are seen (SeeCodes).
 template <bool kE5m2>
 RPA_WIDE_TARGET __attribute__((always_inline)) inline void CodesToHalf(__m512i x, __m512i* a,
                                                                       __m512i* b, __m512i* seen) {
-  const char others = static_cast<char>(kE5m2 ? 0x83 : 0x80);  // e5m2: exponent 11111.
-  *seen = _mm512_max_epu8(*seen, _mm512_or_si512(x, _mm512_set1_epi8(others)));
+  SeeCodes<kE5m2>(x, seen);
   const __m512i zero = _mm512_setzero_si512();
   *a = _mm512_unpacklo_epi8(zero, x);  // The code in a word's high byte.
   *b = _mm512_unpackhi_epi8(zero, x);
@@ -842,14 +858,7 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
       }
     }
   }
-  __m512 fin[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) fin[i] = acc[i];
-  const __m512i pairs = _mm512_castps_si512(SumEach16<true>(fin));
-  // Lane i's two halves added, the sum in the low half, then as f32.
-  const __m512 sums = AddLanes<true>(_mm512_castsi512_ps(pairs),
-                                     _mm512_castsi512_ps(_mm512_srli_epi32(pairs, 16)));
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_castps_si512(sums)));
+  return BlockLogits<true>(acc);
 }
 
 // One pass of the f16 PV over the kChunks 64-dim chunks from d0: the tile's
@@ -883,9 +892,7 @@ RPA_WIDE_TARGET __attribute__((always_inline)) inline bool HalfPvPass(
     }
     if (check_rest) {
       for (int64_t d = d0 + 64 * kChunks; d < head_dim; d += 64) {
-        __m512i a, b;  // Unused: only the codes are looked at.
-        CodesToHalf<kE5m2>(_mm512_maskz_loadu_epi8(ChunkMask64(d, head_dim), row + d), &a, &b,
-                           &seen);
+        SeeCodes<kE5m2>(_mm512_maskz_loadu_epi8(ChunkMask64(d, head_dim), row + d), &seen);
       }
     }
     const uint32_t* w = wh + (t >> 2) * 16 + (t & 3);
