@@ -1,4 +1,4 @@
-// Google Benchmark for the kernel's parts: the bf16 dot inner loops on
+// Google Benchmark for the kernel's parts: the widening kernel's products on
 // cache-resident tiles (compute throughput) and whole calls on K/V larger
 // than the last-level cache (rotating copies), with bytes and FLOPs as rate
 // counters. `rpa bench` is the end-to-end report against machine limits;
@@ -11,7 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "kernel/kernel.h"
+#include "kernel/avx512_wide.h"
+#include "kernel/cpu_features.h"
 #include "thread_pool.h"
 #include "rpa/rpa.h"
 #include "machine.h"
@@ -19,8 +20,6 @@
 
 namespace rpa {
 namespace {
-
-using internal::CpuHasAvx512Bf16;
 
 std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -30,71 +29,37 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
   return v;
 }
 
-// QK^T of `rows` rows x 256 keys, head_dim 128, K in L1/L2.
-void BM_Bf16Logits(benchmark::State& state) {
-  if (!CpuHasAvx512Bf16()) {
-    state.SkipWithError("no AVX-512 BF16");
-    return;
-  }
-  const int64_t rows = state.range(0), tokens = 256, dim = 128;
-  const std::vector<uint16_t> q = RandomBf16(rows * dim, 1), k = RandomBf16(tokens * dim, 2);
-  std::vector<const void*> k_rows(tokens);
-  for (int64_t t = 0; t < tokens; ++t) k_rows[t] = k.data() + t * dim;
-  std::vector<float> s(rows * tokens);
-  for (auto _ : state) {
-    internal::Bf16Logits(q.data(), nullptr, dim, rows, k_rows.data(), tokens, dim, s.data(),
-                         tokens);
-    benchmark::DoNotOptimize(s.data());
-  }
-  state.counters["FLOP/s"] = benchmark::Counter(2.0 * rows * tokens * dim * state.iterations(),
-                                                benchmark::Counter::kIsRate);
-}
-BENCHMARK(BM_Bf16Logits)->Arg(1)->Arg(4)->Arg(64);
-
-// PV of `rows` rows x 256 keys, head_dim 128, V in L1/L2.
-void BM_Bf16Pv(benchmark::State& state) {
-  if (!CpuHasAvx512Bf16()) {
-    state.SkipWithError("no AVX-512 BF16");
-    return;
-  }
-  const int64_t rows = state.range(0), tokens = 256, dim = 128;
-  const std::vector<uint16_t> v = RandomBf16(tokens * dim, 3);
-  std::vector<const void*> v_rows(tokens);
-  for (int64_t t = 0; t < tokens; ++t) v_rows[t] = v.data() + t * dim;
-  std::vector<float> p(rows * tokens, 0.5f), acc(rows * dim, 0.0f);
-  for (auto _ : state) {
-    state.PauseTiming();
-    std::fill(p.begin(), p.end(), 0.5f);  // Consumed by the call.
-    state.ResumeTiming();
-    internal::Bf16AccumulatePV(p.data(), tokens, rows, v_rows.data(), tokens, dim, acc.data(),
-                               dim);
-    benchmark::DoNotOptimize(acc.data());
-  }
-  state.counters["FLOP/s"] = benchmark::Counter(2.0 * rows * tokens * dim * state.iterations(),
-                                                benchmark::Counter::kIsRate);
-}
-BENCHMARK(BM_Bf16Pv)->Arg(1)->Arg(4)->Arg(64);
-
 // The widening path's QK^T and PV for decode's shape: 4 rows (q heads per
 // kv head) x range(0) keys, head_dim 128, bf16 K/V rows 4 KiB apart as in a
 // cache page (32 keys: L1; 512: L2). Per key and kv head.
 void WideDecodeRows(benchmark::State& state, bool pv) {
-  if (!internal::CpuHasAvx512Bw()) {
+#if defined(__x86_64__)
+  if (!internal::DetectedCpuFeatures().avx512bw) {
     state.SkipWithError("no AVX-512 BW");
     return;
   }
   const int64_t rows = 4, tokens = state.range(0), dim = 128, row_stride = state.range(1);
   const std::vector<uint16_t> kv = RandomBf16(tokens * row_stride, 2);
-  std::vector<const void*> kv_rows(tokens);
-  for (int64_t t = 0; t < tokens; ++t) kv_rows[t] = kv.data() + t * row_stride;
+  std::vector<const uint8_t*> kv_rows(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    kv_rows[t] = reinterpret_cast<const uint8_t*>(kv.data() + t * row_stride);
+  }
   std::vector<float> q(rows * dim, 0.01f), s(rows * tokens, 0.01f), acc(rows * dim, 0.0f);
+  internal::KvTile tile;
+  tile.dtype = DType::kBF16;
+  tile.head_dim = dim;
+  tile.row_bytes = dim * 2;
+  tile.n = tokens;
+  tile.k = tile.v = {kv_rows.data(), 0, tokens};
+  const internal::QueryRows q_rows{q.data(), dim, rows, nullptr};
+  const internal::TileLogits logits{s.data(), tokens, rows};
+  const internal::SoftmaxState acc_rows{nullptr, nullptr, acc.data(), dim};
+  const internal::ProductKernel& kernel = internal::kAvx512Wide;
   for (auto _ : state) {
     if (pv) {
-      internal::WidePv(DType::kBF16, s.data(), tokens, rows, kv_rows.data(), tokens, dim,
-                       acc.data(), dim, nullptr, 0, 0);
+      kernel.pv(logits, tile, acc_rows, {});
     } else {
-      internal::WideLogits(DType::kBF16, q.data(), dim, rows, kv_rows.data(), tokens, dim,
-                           s.data(), tokens, nullptr, 0, 0);
+      kernel.logits(q_rows, tile, logits, {});
     }
     benchmark::DoNotOptimize(s.data());
     benchmark::DoNotOptimize(acc.data());
@@ -102,6 +67,10 @@ void WideDecodeRows(benchmark::State& state, bool pv) {
   state.counters["ns_per_key"] = benchmark::Counter(
       static_cast<double>(tokens) * state.iterations(),
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+#else
+  (void)pv;
+  state.SkipWithError("x86-64 only");
+#endif
 }
 void BM_WideLogits(benchmark::State& state) { WideDecodeRows(state, false); }
 void BM_WidePv(benchmark::State& state) { WideDecodeRows(state, true); }

@@ -17,7 +17,7 @@
 
 #include "block_sizes_internal.h"
 #include "format.h"
-#include "plan.h"
+#include "kernel/scratch.h"
 
 namespace rpa {
 namespace internal {
@@ -239,14 +239,16 @@ BlockSizes FitBlockSizes(const BlockSizeConfig& config, BlockSizes sizes,
   sizes.num_kv_pages_per_block = std::clamp<int64_t>(sizes.num_kv_pages_per_block, 1, pages_per_seq);
   sizes.num_queries_per_block = std::max<int64_t>(sizes.num_queries_per_block, 1);
   if (!vmem) return sizes;
-  AttentionProblem shape;
-  shape.num_q_heads = config.num_q_heads;
-  shape.num_kv_heads = std::max<int64_t>(config.num_kv_heads, 1);
-  shape.head_dim = config.head_dim;
-  shape.kv_dtype = config.kv_dtype;
+  const int64_t num_kv_heads = std::max<int64_t>(config.num_kv_heads, 1);
+  // The bytes the run allocates per worker for these sizes (scratch.h).
   auto bytes = [&] {
-    return ScratchBytes(shape, sizes.num_queries_per_block,
-                        sizes.num_kv_pages_per_block * config.page_size);
+    ScratchShape shape;
+    shape.rows = ScratchRows(sizes.num_queries_per_block, config.num_q_heads / num_kv_heads,
+                             num_kv_heads);
+    shape.head_dim = config.head_dim;
+    shape.kv_block = sizes.num_kv_pages_per_block * config.page_size;
+    shape.kv_dtype = config.kv_dtype;
+    return ScratchBytes(shape);
   };
   const BlockSizes before = sizes;
   while (bytes() > *vmem) {

@@ -3,11 +3,17 @@
 #ifndef RPA_SRC_COMPUTE_H_
 #define RPA_SRC_COMPUTE_H_
 
+#include <string>
+
 #include "problem.h"
 
 namespace rpa::internal {
 
 void ComputeAttention(const AttentionProblem& problem);
+
+// The kernels ComputeAttention runs for this problem on this thread, per
+// class of task it has: "decode: avx512_wide_decode > avx512_wide".
+std::string DescribeKernels(const AttentionProblem& problem);
 
 }  // namespace rpa::internal
 

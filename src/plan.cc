@@ -1,6 +1,7 @@
 #include "plan.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 #include <optional>
 
@@ -14,24 +15,18 @@ namespace {
 constexpr int64_t kTaskOverhead = 2048;
 // Split long KV ranges until every thread has about this many tasks.
 constexpr int64_t kTasksPerThread = 4;
-// A query tile with at most this many rows per kv head (decode: q heads per
-// kv head x 1 token) is one task over all kv heads.
-constexpr int64_t kMultiHeadRows = 8;
-
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-int64_t ScratchBytes(const AttentionProblem& problem, int64_t q_tile, int64_t kv_block) {
-  const int64_t rows = q_tile * problem.QueriesPerKvHead();
-  const int64_t dim_pad = RoundUp(problem.head_dim, kDimAlign);
-  const int64_t token_pad = RoundUp(kv_block, kTokenAlign);
-  int64_t floats = rows * dim_pad * 4  // q, q_hi + q_lo, q_eo, acc.
-                   + rows * RoundUp(dim_pad, kHalfDimAlign) / 2 + RoundUp(rows, 16)  // q_half.
-                   + rows * token_pad + 2 * RoundUp(rows, 16) + 16 * token_pad;  // Pointers.
-  if (SizeOf(problem.kv_dtype) == 1) floats += token_pad * dim_pad / 2;  // bf16 rows.
-  floats += RoundUp(kv_block, kPackedTokenAlign) * dim_pad;               // A packed tile.
-  return floats * 4;
+std::string Plan::DescribeKernels() const {
+  std::string s;
+  for (int c = 0; c < kNumTaskClasses; ++c) {
+    if (!class_used[c]) continue;
+    if (!s.empty()) s += "; ";
+    s += std::string(ToString(static_cast<TaskClass>(c))) + ": " + kernels.classes[c].Describe();
+  }
+  return s.empty() ? "none" : s;
 }
 
 TileSizes ChooseTileSizes(const AttentionProblem& problem) {
@@ -75,8 +70,12 @@ void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan) {
   plan.q_tile = tiles.q_tile;
   plan.pages_per_block = tiles.pages_per_block;
   plan.kv_block = tiles.pages_per_block * problem.page_size;
-  plan.max_rows = std::max(plan.q_tile * group,
-                           problem.num_kv_heads * std::min(plan.q_tile * group, kMultiHeadRows));
+  plan.scratch.rows = ScratchRows(plan.q_tile, group, problem.num_kv_heads);
+  plan.scratch.head_dim = problem.head_dim;
+  plan.scratch.kv_block = plan.kv_block;
+  plan.scratch.kv_dtype = problem.kv_dtype;
+  plan.kernels = ChooseKernels(problem, UsableCpuFeatures());
+  std::fill(std::begin(plan.class_used), std::end(plan.class_used), false);
   plan.tasks.clear();
   plan.order.clear();
   plan.costs.clear();
@@ -123,6 +122,7 @@ void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan) {
         task.kv_begin = static_cast<int32_t>(lo);
         task.kv_end = static_cast<int32_t>(hi);
         const int64_t cost = (qe - qb) * group * heads_per_task * (hi - lo) + kTaskOverhead;
+        plan.class_used[static_cast<int>(ClassOfRows((qe - qb) * group))] = true;
         whole.push_back(task);
         whole_costs.push_back(cost);
         total_cost += cost;

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "kernel/kernel.h"
+#include "kernel/dispatch.h"
+#include "kernel/scratch.h"
+#include "kernel/task.h"
 #include "problem.h"
 
 namespace rpa::internal {
@@ -31,13 +33,19 @@ struct Plan {
   int64_t q_tile = 0;           // Query tokens per tile.
   int64_t pages_per_block = 0;  // KV tile in pages ...
   int64_t kv_block = 0;         // ... and in keys.
-  int64_t max_rows = 0;         // q_tile * q heads per kv head.
+  ScratchShape scratch;         // Each worker's scratch (rows: the most of any task).
   int num_workers = 1;
+  // The kernels of each class of task (dispatch.h), and which classes the
+  // tasks use: Describe() names the kernels the call runs.
+  KernelChoice kernels;
+  bool class_used[kNumTaskClasses] = {};
   std::vector<KernelTask> tasks;   // [num_tasks] by sequence, q tile, kv head, chunk.
   std::vector<int32_t> order;      // [num_tasks] task indices, costliest first.
   std::vector<int64_t> costs;      // [num_tasks] cost-model units.
   std::vector<MergeGroup> merges;  // Split query tiles.
   int64_t partial_floats = 0;      // Size of the partial buffer.
+  // E.g. "decode: avx512_wide_decode > avx512_wide"; classes joined by "; ".
+  std::string DescribeKernels() const;
   // Scratch of BuildPlan: the unsplit tasks.
   std::vector<KernelTask> whole_tasks;
   std::vector<int64_t> whole_costs;
@@ -51,10 +59,8 @@ struct TileSizes {
 };
 TileSizes ChooseTileSizes(const AttentionProblem& problem);
 
-// Bytes of one worker's scratch for these tiles.
-int64_t ScratchBytes(const AttentionProblem& problem, int64_t q_tile, int64_t kv_block);
-
-// Fills `plan` (reusing its vectors' storage) for num_threads threads.
+// Fills `plan` (reusing its vectors' storage) for num_threads threads, the
+// kernels chosen for the CPU features usable on this thread.
 void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan);
 
 }  // namespace rpa::internal

@@ -1,6 +1,7 @@
 // The fast kernel against the f64 reference: a randomized grid over every
-// feature, on every compiled Highway target and on the AVX-512 BF16 path,
-// with 1-4 threads; plus the plan, the thread pool and run-to-run identity.
+// feature, on every compiled Highway target and on every dispatch path
+// (forced by hiding CPU features), with 1-4 threads; plus the kernels' tile
+// functions, the dispatch, the plan, the thread pool and run-to-run identity.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,14 +9,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "compute.h"
 #include "hwy/targets.h"
+#include "kernel/avx512_fp16_decode.h"
+#include "kernel/avx512_wide.h"
+#include "kernel/cpu_features.h"
 #include "kernel/kernel.h"
 #include "plan.h"
 #include "reference_impl.h"
@@ -258,17 +264,13 @@ void CheckGrid(uint64_t seed, int cases, std::initializer_list<DType> kv_dtypes)
 const std::initializer_list<DType> kAllKv = {DType::kF32,      DType::kBF16,   DType::kF16,
                                              DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8};
 
-// ---- Every compiled Highway target, the bf16 dot path off.
+// ---- Every compiled Highway target, the ISA-specific kernels hidden.
 class KernelTargetTest : public ::testing::TestWithParam<int64_t> {
  protected:
-  void SetUp() override {
-    hwy::SetSupportedTargetsForTest(GetParam());
-    AllowBf16DotPath(false);
-  }
-  void TearDown() override {
-    hwy::SetSupportedTargetsForTest(0);
-    AllowBf16DotPath(true);
-  }
+  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
+  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+  // The Highway kernels only.
+  ScopedCpuFeatureMask portable_{kNoCpuFeatures};
 };
 
 TEST_P(KernelTargetTest, RandomGridMatchesReference) {
@@ -281,39 +283,27 @@ INSTANTIATE_TEST_SUITE_P(Targets, KernelTargetTest,
                            return std::string(hwy::TargetName(param.param));
                          });
 
-// ---- The AVX-512 BF16 path for bf16 and 8-bit float K/V (skipped where
-// the CPU lacks it).
-TEST(KernelBf16DotTest, RandomGridMatchesReference) {
-  if (!CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
-  AllowBf16DotPath(true);
-  PreferBf16Dot(true);
-  CheckGrid(77, 12 * kGridScale, {DType::kBF16});
-  CheckGrid(78, 6 * kGridScale, {DType::kF8E4M3FN, DType::kF8E5M2});
-  PreferBf16Dot(false);
-}
-
 // ---- The AVX-512 widening path (bf16 -> f32 in registers, FMA) for bf16
 // and 8-bit float K/V (skipped where the CPU lacks AVX-512 BW).
 TEST(KernelWideTest, RandomGridMatchesReference) {
-  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
-  AllowBf16DotPath(true);
+  if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   CheckGrid(79, 12 * kGridScale, {DType::kBF16});
   CheckGrid(80, 6 * kGridScale, {DType::kF8E4M3FN, DType::kF8E5M2});
 }
 
 // Decode batches, where the widening path takes the fused tile
-// (WideDecodeTile, or for 8-bit floats HalfDecodeTile where the CPU has
-// AVX512-FP16, checked with it switched on and off): 1-8 q heads per kv
-// head (groups of 4 and a last smaller one; WideDecodeTile leaves a last
+// (avx512_wide_decode, or for 8-bit floats avx512fp16_decode where the CPU
+// has AVX512-FP16, checked with it hidden and not): 1-8 q heads per kv
+// head (groups of 4 and a last smaller one; avx512_wide_decode leaves a last
 // 1-2 rows to the unfused path), one or two queries per sequence, mostly no
 // soft cap; windows make some tiles partly visible (the unfused path).
 TEST(KernelWideTest, DecodeGridMatchesReference) {
-  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
-  AllowBf16DotPath(true);
+  if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   std::mt19937_64 rng(81);
   for (int i = 0; i < 10 * kGridScale * SoakScale(); ++i) {
     for (DType kv : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
-      AllowHalfDecode(i % 2 == 0);
+      std::optional<ScopedCpuFeatureMask> no_f16;  // Odd draws: the f32 fused tile only.
+      if (i % 2 != 0) no_f16.emplace(CpuFeatures{.avx512bw = true, .avx512bf16 = true});
       Case c = RandomCase(rng, kv);
       const int64_t group = 1 + i % 8;
       const int32_t queries = i % 5 == 4 ? 2 : 1;
@@ -323,28 +313,64 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
       if (i % 3 != 0) c.options.soft_cap.reset();
       const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
       ExpectClose(c, b, RunCase(c, b, /*fast=*/true), RunCase(c, b, /*fast=*/false));
-      AllowHalfDecode(true);
       if (::testing::Test::HasFailure()) return;
     }
   }
 }
 
-TEST(KernelWideTest, QIndexIsAPermutation) {
+TEST(KernelTileTest, QIndexIsAPermutation) {
   std::vector<int> seen(64, 0);
   for (int64_t d = 0; d < 64; ++d) ++seen[WideQIndex(d)];
   for (int count : seen) EXPECT_EQ(count, 1);
 }
 
-// Every 8-bit float code through the AVX-512 paths' table conversion.
-TEST(KernelBf16DotTest, Fp8RowsToBf16IsExact) {
-  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+#if defined(__x86_64__)
+// ---- The AVX-512 kernels' tile functions on their own.
+
+// A tile of n keys: K rows `rows`, V rows the same pointers plus v_offset
+// bytes (as a page's other kv heads are); with_next: the same rows again as
+// the next tile, prefetched and never read.
+KvTile TestTile(DType dtype, int64_t head_dim, const std::vector<const uint8_t*>& rows,
+                int64_t v_offset, int64_t n, bool with_next = false) {
+  KvTile tile;
+  tile.dtype = dtype;
+  tile.head_dim = head_dim;
+  tile.row_bytes = head_dim * static_cast<int64_t>(SizeOf(dtype));
+  tile.n = n;
+  tile.k = {rows.data(), 0, n};
+  tile.v = {rows.data(), v_offset, n};
+  if (with_next) {
+    tile.k_next = tile.k;
+    tile.v_next = tile.v;
+  }
+  return tile;
+}
+
+std::vector<const uint8_t*> RowPointers(const uint8_t* base, int64_t n, int64_t row_bytes) {
+  std::vector<const uint8_t*> rows(n);
+  for (int64_t t = 0; t < n; ++t) rows[t] = base + t * row_bytes;
+  return rows;
+}
+
+bool HasAvx512Bw() { return DetectedCpuFeatures().avx512bw; }
+bool HasAvx512Fp16() { return DetectedCpuFeatures().avx512fp16; }
+
+// Every 8-bit float code through the widening kernel's table conversion.
+TEST(KernelWideTest, Fp8RowsToBf16IsExact) {
+  if (!HasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   for (DType dtype : {DType::kF8E4M3FN, DType::kF8E5M2}) {
     std::vector<uint8_t> codes(256 + 7);  // head_dim 263: a masked tail.
     for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i);
     std::vector<uint16_t> out(288, 0xFFFF);
-    const void* rows[1] = {codes.data()};
-    Fp8RowsToBf16(dtype, rows, 1, static_cast<int64_t>(codes.size()), out.data(), 288);
-    EXPECT_EQ(rows[0], out.data());
+    const uint8_t* converted[1] = {nullptr};
+    TileScratch scratch;
+    scratch.dim_pad = 288;
+    scratch.kv_bf16 = out.data();
+    scratch.converted = converted;
+    const std::vector<const uint8_t*> rows = {codes.data()};
+    const KvRows got_rows = Fp8RowsToBf16(dtype, KvRows{rows.data(), 0, 1}, 1,
+                                          static_cast<int64_t>(codes.size()), scratch);
+    EXPECT_EQ(got_rows[0], static_cast<const void*>(out.data()));
     const float scale = dtype == DType::kF8E4M3FN ? 1.0f / 256.0f : 1.0f;
     for (size_t i = 0; i < codes.size(); ++i) {
       const float want = LoadAsF32(dtype, codes.data(), static_cast<int64_t>(i)) * scale;
@@ -371,12 +397,12 @@ bool SameOrBothNan(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // fp8 K/V converted inside the widening loops (decode) gives bit for bit
-// what converting the rows to bf16 first (Fp8RowsToBf16, prefill) gives
+// what converting the rows to bf16 first (Fp8RowsToBf16, > 8 rows) gives
 // (NaN for NaN):
 // every code (NaN and the masked tail included), each logits and PV block
 // shape.
 TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
-  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  if (!HasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   for (DType dtype : {DType::kF8E4M3FN, DType::kF8E5M2}) {
@@ -388,10 +414,16 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
         codes[i] = static_cast<uint8_t>(i < 256 ? i : rng() & 0xFF);
       }
       std::vector<uint16_t> bf16(tokens * pad, 0);
-      const void* raw[tokens];
-      const void* conv[tokens];
-      for (int64_t t = 0; t < tokens; ++t) raw[t] = conv[t] = codes.data() + t * head_dim;
-      Fp8RowsToBf16(dtype, conv, tokens, head_dim, bf16.data(), pad);
+      const std::vector<const uint8_t*> raw = RowPointers(codes.data(), tokens, head_dim);
+      std::vector<const uint8_t*> conv(tokens);
+      TileScratch scratch;
+      scratch.dim_pad = pad;
+      scratch.kv_bf16 = bf16.data();
+      scratch.converted = conv.data();
+      Fp8RowsToBf16(dtype, KvRows{raw.data(), 0, tokens}, tokens, head_dim, scratch);
+      const KvTile raw_tile = TestTile(dtype, head_dim, raw, 0, tokens);
+      KvTile conv_tile = TestTile(DType::kBF16, head_dim, conv, 0, tokens);
+      const ProductKernel& wide = kAvx512Wide;
       for (int64_t rows : {1, 2, 3, 4, 5, 8}) {
         // The 4 x 4 logits blocks read q rows up to a multiple of 4, as the
         // kernel's scratch has them.
@@ -401,10 +433,9 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
         }
         const int64_t s_stride = 32;
         std::vector<float> s_raw(rows * s_stride, 0.0f), s_conv(rows * s_stride, 0.0f);
-        WideLogits(dtype, q.data(), pad, rows, raw, tokens, head_dim, s_raw.data(), s_stride,
-                   nullptr, 0, head_dim);
-        WideLogits(DType::kBF16, q.data(), pad, rows, conv, tokens, head_dim, s_conv.data(),
-                   s_stride, nullptr, 0, head_dim);
+        const QueryRows q_rows{q.data(), pad, rows, nullptr};
+        wide.logits(q_rows, raw_tile, TileLogits{s_raw.data(), s_stride, rows}, scratch);
+        wide.logits(q_rows, conv_tile, TileLogits{s_conv.data(), s_stride, rows}, scratch);
         EXPECT_TRUE(SameOrBothNan(s_raw, s_conv))
             << ToString(dtype) << " head_dim " << head_dim << " rows " << rows;
         // PV with q's values as the weights (NaN codes make NaN in both).
@@ -413,10 +444,9 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
           for (int64_t d = 0; d < head_dim; ++d) acc_raw[r * pad + d] = normal(rng);
         }
         acc_conv = acc_raw;
-        WidePv(dtype, q.data(), pad, rows, raw, tokens, head_dim, acc_raw.data(), pad, nullptr,
-               0, head_dim);
-        WidePv(DType::kBF16, q.data(), pad, rows, conv, tokens, head_dim, acc_conv.data(), pad,
-               nullptr, 0, head_dim);
+        const TileLogits p{q.data(), pad, rows};
+        wide.pv(p, raw_tile, SoftmaxState{nullptr, nullptr, acc_raw.data(), pad}, scratch);
+        wide.pv(p, conv_tile, SoftmaxState{nullptr, nullptr, acc_conv.data(), pad}, scratch);
         EXPECT_TRUE(SameOrBothNan(acc_raw, acc_conv))
             << ToString(dtype) << " head_dim " << head_dim << " rows " << rows;
       }
@@ -424,18 +454,16 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
   }
 }
 
-// WideDecodeTile (decode's fused tile) against the online-softmax update
-// computed in f64: 1-4 rows, every key count up to a tile, head dims with
-// and without a chunk tail, a fresh and a running state, bf16 and 8-bit
-// floats; the state of rows past `rows` (and the rows' scratch past them)
-// stays untouched.
-// The fused decode tiles against the online-softmax update in f64:
-// WideDecodeTile (f32 arithmetic) for bf16 and both 8-bit floats, and
-// HalfDecodeTile (f16 products and tile sums) for both where the CPU has
+// The fused decode tiles against the online-softmax update computed in f64:
+// 1-4 rows, every key count up to a tile, head dims with and without a
+// chunk tail, a fresh and a running state; the state of rows past `rows`
+// (and the rows' scratch past them) stays untouched. avx512_wide_decode
+// (f32 arithmetic) for bf16 and both 8-bit floats, and avx512fp16_decode
+// (f16 products and tile sums) for both where the CPU has
 // AVX512-FP16, whose logits may be off by ~2^-11 of sum_d |q_d k_d| at each
 // of ~10 roundings (tolerance 2^-8 of it) and its weighted sums likewise.
 TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
-  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  if (!HasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
   constexpr int64_t kRows = 4;
@@ -446,7 +474,7 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
   };
   std::vector<Tile> tiles = {{DType::kBF16, false}, {DType::kF8E4M3FN, false},
                              {DType::kF8E5M2, false}};
-  if (CpuHasAvx512Fp16()) {
+  if (HasAvx512Fp16()) {
     tiles.push_back({DType::kF8E4M3FN, true});
     tiles.push_back({DType::kF8E5M2, true});
   }
@@ -454,7 +482,7 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
     // The loops see e4m3fn values times 2^-8 (kE4M3Rescale).
     const double stored = dtype == DType::kF8E4M3FN ? 1.0 / 256.0 : 1.0;
     for (int64_t head_dim : {int64_t{5}, int64_t{64}, int64_t{128}, int64_t{200}, int64_t{256}}) {
-      for (int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{17}, kWideDecodeMaxKeys}) {
+      for (int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{17}, kFusedMaxKeys}) {
         for (bool fresh : {true, false}) {
           const int64_t pad = RoundUp(head_dim, 32);
           const int64_t elem = static_cast<int64_t>(SizeOf(dtype));
@@ -467,8 +495,8 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
           }
           const uint8_t* k = kv.data();
           const uint8_t* v = kv.data() + v_offset;
-          std::vector<const uint8_t*> key_rows(tokens);
-          for (int64_t t = 0; t < tokens; ++t) key_rows[t] = k + t * head_dim * elem;
+          const std::vector<const uint8_t*> key_rows = RowPointers(k, tokens, head_dim * elem);
+          const KvTile tile = TestTile(dtype, head_dim, key_rows, v_offset, tokens, true);
           std::vector<float> q(kRows * pad, 0.0f), q_eo(kRows * pad, 0.0f);
           std::vector<float> m(kRows), l(kRows), acc(kRows * pad, 0.0f);
           for (int64_t r = 0; r < kRows; ++r) {
@@ -485,25 +513,21 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
           const float scale = half ? 0.05f : 0.3f;
           rows = rows % kRows + 1;
           std::vector<float> m_out = m, l_out = l, acc_out = acc;
-          // The rows again as the "next tile": prefetched, never read.
+          const SoftmaxState state{m_out.data(), l_out.data(), acc_out.data(), pad};
           if (half) {
             const int64_t half_stride = RoundUp(head_dim, kHalfDimAlign);
             std::vector<uint16_t> q_half(kRows * half_stride);
             std::vector<float> unscale(kRows);
             for (int64_t r = 0; r < kRows; ++r) {
-              unscale[r] = QRowToHalf(dtype, &q[r * pad], head_dim, &q_half[r * half_stride]);
+              unscale[r] = kAvx512Fp16Decode.prepare_q(dtype, &q[r * pad], head_dim, pad,
+                                                       &q_half[r * half_stride]);
             }
-            ASSERT_TRUE(HalfDecodeTile(dtype, q_half.data(), half_stride, unscale.data(), rows,
-                                       key_rows.data(), key_rows.data(), 0, v_offset, tokens,
-                                       head_dim, scale, m_out.data(), l_out.data(),
-                                       acc_out.data(), pad, key_rows.data(), key_rows.data(),
-                                       tokens, head_dim * elem));
+            ASSERT_TRUE(kAvx512Fp16Decode.tile(
+                QueryRows{q_half.data(), half_stride, rows, unscale.data()}, tile, scale, state));
           } else {
-            ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), pad, rows, key_rows.data(),
-                                       key_rows.data(), 0, v_offset, tokens, head_dim, scale,
-                                       m_out.data(), l_out.data(), acc_out.data(), pad,
-                                       key_rows.data(), key_rows.data(), tokens,
-                                       head_dim * elem));
+            ASSERT_TRUE(
+                kAvx512WideDecode.tile(QueryRows{q_eo.data(), pad, rows, nullptr}, tile, scale,
+                                       state));
           }
           const std::string where = (half ? "half " : "") + std::string(ToString(dtype)) +
                                     " head_dim " +
@@ -558,9 +582,9 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
 }
 
 // Where SoftmaxRow's special cases apply (a NaN logit or state, an infinite
-// maximum) WideDecodeTile declines and leaves the state bit-identical.
+// maximum) avx512_wide_decode declines and leaves the state bit-identical.
 TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
-  if (!CpuHasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  if (!HasAvx512Bw()) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   constexpr int64_t kRows = 4, kDim = 64, kTokens = 9;
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -578,18 +602,18 @@ TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
     for (int64_t t = variant.every_key ? 0 : 5; t < (variant.every_key ? kTokens : 6); ++t) {
       k[t * kDim + 3] = BF16FromF32(variant.key_value).bits;
     }
-    std::vector<const uint8_t*> k_rows(kTokens), v_rows(kTokens);
-    for (int64_t t = 0; t < kTokens; ++t) {
-      k_rows[t] = reinterpret_cast<const uint8_t*>(k.data() + t * kDim);
-      v_rows[t] = reinterpret_cast<const uint8_t*>(v.data() + t * kDim);
-    }
+    const std::vector<const uint8_t*> k_rows =
+        RowPointers(reinterpret_cast<const uint8_t*>(k.data()), kTokens, kDim * 2);
+    KvTile tile = TestTile(DType::kBF16, kDim, k_rows, 0, kTokens);
+    const std::vector<const uint8_t*> v_rows =
+        RowPointers(reinterpret_cast<const uint8_t*>(v.data()), kTokens, kDim * 2);
+    tile.v = {v_rows.data(), 0, kTokens};
     std::vector<float> q(kRows * kDim, 1.0f), m(kRows, 0.0f), l(kRows, 1.0f),
         acc(kRows * kDim, 2.0f);
     m[0] = variant.m0;
     const std::vector<float> m_before = m, l_before = l, acc_before = acc;
-    EXPECT_FALSE(WideDecodeTile(DType::kBF16, q.data(), kDim, kRows, k_rows.data(),
-                                v_rows.data(), 0, 0, kTokens, kDim, 1.0f, m.data(), l.data(),
-                                acc.data(), kDim, k_rows.data(), v_rows.data(), 0, kDim * 2))
+    EXPECT_FALSE(kAvx512WideDecode.tile(QueryRows{q.data(), kDim, kRows, nullptr}, tile, 1.0f,
+                                        SoftmaxState{m.data(), l.data(), acc.data(), kDim}))
         << variant.name;
     EXPECT_EQ(std::memcmp(m.data(), m_before.data(), sizeof(float) * kRows), 0) << variant.name;
     EXPECT_EQ(l, l_before) << variant.name;
@@ -597,13 +621,14 @@ TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
   }
 }
 
-// HalfDecodeTile would turn e4m3fn's NaN codes (0x7F, 0xFF) into finite
+// avx512fp16_decode would turn e4m3fn's NaN codes (0x7F, 0xFF) into finite
 // f16, and e5m2's NaN and inf codes reach the sums, so it looks at the
 // codes: one in a K row, or in a V row past the first 128-dim pass (which
 // writes acc first), makes it decline with the state bit-identical; so does
 // a tile whose largest logit is far from 0 (f16 would round it too much).
 TEST(KernelWideTest, HalfDecodeTileDeclines) {
-  if (!CpuHasAvx512Fp16()) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
+  if (!HasAvx512Fp16()) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
+  const FusedTileKernel& half = kAvx512Fp16Decode;
   constexpr int64_t kRows = 4, kDim = 256, kTokens = 9;
   struct Variant {
     DType dtype;
@@ -616,24 +641,21 @@ TEST(KernelWideTest, HalfDecodeTileDeclines) {
           Variant{DType::kF8E5M2, 0x7E}, Variant{DType::kF8E5M2, 0xFF}}) {
       std::vector<uint8_t> k(kTokens * kDim, 0x30), v = k;  // 0.5 in e4m3fn, 0.125 in e5m2.
       (in_v ? v : k)[5 * kDim + 200] = variant.code;
-      std::vector<const uint8_t*> k_rows(kTokens), v_rows(kTokens);
-      for (int64_t t = 0; t < kTokens; ++t) {
-        k_rows[t] = k.data() + t * kDim;
-        v_rows[t] = v.data() + t * kDim;
-      }
+      const std::vector<const uint8_t*> k_rows = RowPointers(k.data(), kTokens, kDim);
+      const std::vector<const uint8_t*> v_rows = RowPointers(v.data(), kTokens, kDim);
+      KvTile tile = TestTile(variant.dtype, kDim, k_rows, 0, kTokens);
+      tile.v = {v_rows.data(), 0, kTokens};
       std::vector<float> q(kDim, 1.0f), m(kRows, 0.0f), l(kRows, 1.0f), acc(kRows * kDim, 2.0f);
       std::vector<uint16_t> q_half(kRows * kDim);
       std::vector<float> unscale(kRows);
       for (int64_t r = 0; r < kRows; ++r) {
-        unscale[r] = QRowToHalf(variant.dtype, q.data(), kDim, &q_half[r * kDim]);
+        unscale[r] = half.prepare_q(variant.dtype, q.data(), kDim, kDim, &q_half[r * kDim]);
       }
       const std::vector<float> m_before = m, l_before = l, acc_before = acc;
       const std::string where = std::string(ToString(variant.dtype)) + (in_v ? " V" : " K") +
                                 " code " + std::to_string(variant.code);
-      EXPECT_FALSE(HalfDecodeTile(variant.dtype, q_half.data(), kDim, unscale.data(), kRows,
-                                  k_rows.data(), v_rows.data(), 0, 0, kTokens, kDim, 1.0f,
-                                  m.data(), l.data(), acc.data(), kDim, nullptr, nullptr, 0,
-                                  kDim))
+      EXPECT_FALSE(half.tile(QueryRows{q_half.data(), kDim, kRows, unscale.data()}, tile, 1.0f,
+                             SoftmaxState{m.data(), l.data(), acc.data(), kDim}))
           << where;
       EXPECT_EQ(m, m_before) << where;
       EXPECT_EQ(l, l_before) << where;
@@ -643,18 +665,17 @@ TEST(KernelWideTest, HalfDecodeTileDeclines) {
   // All codes 0.5 (e4m3fn, stored as 2^-9) and q 1: logits 256 * 2^-9 * scale.
   for (const float logit : {16.5f, -16.5f}) {
     std::vector<uint8_t> kv(kTokens * kDim, 0x30);
-    std::vector<const uint8_t*> rows(kTokens);
-    for (int64_t t = 0; t < kTokens; ++t) rows[t] = kv.data() + t * kDim;
+    const std::vector<const uint8_t*> rows = RowPointers(kv.data(), kTokens, kDim);
+    const KvTile tile = TestTile(DType::kF8E4M3FN, kDim, rows, 0, kTokens);
     std::vector<float> q(kDim, 1.0f), m(kRows, 0.0f), l(kRows, 1.0f), acc(kRows * kDim, 2.0f);
     std::vector<uint16_t> q_half(kRows * kDim);
     std::vector<float> unscale(kRows);
     for (int64_t r = 0; r < kRows; ++r) {
-      unscale[r] = QRowToHalf(DType::kF8E4M3FN, q.data(), kDim, &q_half[r * kDim]);
+      unscale[r] = half.prepare_q(DType::kF8E4M3FN, q.data(), kDim, kDim, &q_half[r * kDim]);
     }
     const std::vector<float> m_before = m, l_before = l, acc_before = acc;
-    EXPECT_FALSE(HalfDecodeTile(DType::kF8E4M3FN, q_half.data(), kDim, unscale.data(), kRows,
-                                rows.data(), rows.data(), 0, 0, kTokens, kDim, logit * 2.0f,
-                                m.data(), l.data(), acc.data(), kDim, nullptr, nullptr, 0, kDim))
+    EXPECT_FALSE(half.tile(QueryRows{q_half.data(), kDim, kRows, unscale.data()}, tile,
+                           logit * 2.0f, SoftmaxState{m.data(), l.data(), acc.data(), kDim}))
         << logit;
     EXPECT_EQ(m, m_before);
     EXPECT_EQ(l, l_before);
@@ -665,31 +686,31 @@ TEST(KernelWideTest, HalfDecodeTileDeclines) {
 // The largest codes, everywhere: no f16 sum overflows, so the tile does not
 // decline and matches the f32 tile.
 TEST(KernelWideTest, HalfDecodeTileTakesTheLargestCodes) {
-  if (!CpuHasAvx512Fp16()) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
+  if (!HasAvx512Fp16()) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
+  const FusedTileKernel& half = kAvx512Fp16Decode;
   constexpr int64_t kRows = 4, kDim = 256, kTokens = 32;
   // The logit scales keep the logits (1.3 and 4.4) below kHalfMaxLogit.
   for (const auto& [dtype, largest, scale] :
        {std::tuple{DType::kF8E4M3FN, uint8_t{0x7E}, 1e-3f},
         std::tuple{DType::kF8E5M2, uint8_t{0x7B}, 1e-7f}}) {
     std::vector<uint8_t> kv(kTokens * kDim, largest);
-    std::vector<const uint8_t*> rows(kTokens);
-    for (int64_t t = 0; t < kTokens; ++t) rows[t] = kv.data() + t * kDim;
+    const std::vector<const uint8_t*> rows = RowPointers(kv.data(), kTokens, kDim);
+    const KvTile tile = TestTile(dtype, kDim, rows, 0, kTokens);
     std::vector<float> q(kDim, 3.0f), q_eo(kDim, 3.0f);
     std::vector<uint16_t> q_half(kRows * kDim);
     std::vector<float> unscale(kRows);
     for (int64_t r = 0; r < kRows; ++r) {
-      unscale[r] = QRowToHalf(dtype, q.data(), kDim, &q_half[r * kDim]);
+      unscale[r] = half.prepare_q(dtype, q.data(), kDim, kDim, &q_half[r * kDim]);
     }
     std::vector<float> m(kRows, -std::numeric_limits<float>::infinity()), l(kRows, 0.0f);
     std::vector<float> acc(kRows * kDim, 0.0f);
     std::vector<float> m_wide = m, l_wide = l, acc_wide = acc;
-    ASSERT_TRUE(HalfDecodeTile(dtype, q_half.data(), kDim, unscale.data(), kRows, rows.data(),
-                               rows.data(), 0, 0, kTokens, kDim, scale, m.data(), l.data(),
-                               acc.data(), kDim, nullptr, nullptr, 0, kDim))
+    ASSERT_TRUE(half.tile(QueryRows{q_half.data(), kDim, kRows, unscale.data()}, tile, scale,
+                          SoftmaxState{m.data(), l.data(), acc.data(), kDim}))
         << ToString(dtype);
-    ASSERT_TRUE(WideDecodeTile(dtype, q_eo.data(), 0, kRows, rows.data(), rows.data(), 0, 0,
-                               kTokens, kDim, scale, m_wide.data(), l_wide.data(),
-                               acc_wide.data(), kDim, nullptr, nullptr, 0, kDim));
+    ASSERT_TRUE(kAvx512WideDecode.tile(QueryRows{q_eo.data(), 0, kRows, nullptr}, tile, scale,
+                                       SoftmaxState{m_wide.data(), l_wide.data(),
+                                                    acc_wide.data(), kDim}));
     for (int64_t r = 0; r < kRows; ++r) {
       EXPECT_NEAR(m[r], m_wide[r], 4e-3 * std::fabs(m_wide[r])) << ToString(dtype);
       EXPECT_NEAR(l[r], l_wide[r], 1e-3 * l_wide[r]) << ToString(dtype);
@@ -702,35 +723,76 @@ TEST(KernelWideTest, HalfDecodeTileTakesTheLargestCodes) {
   }
 }
 
-TEST(KernelBf16DotTest, PathChoice) {
-  Case c;
-  AttentionProblem p;
-  p.kv_dtype = DType::kBF16;
-  // The widening path where AVX-512 BW is there, else the dot path, else
-  // Highway; PreferBf16Dot puts the dot path first.
-  const KernelPath best = CpuHasAvx512Bw()     ? KernelPath::kAvx512Wide
-                          : CpuHasAvx512Bf16() ? KernelPath::kAvx512Bf16
-                                               : KernelPath::kHighway;
-  AllowBf16DotPath(true);
-  EXPECT_EQ(ChooseKernelPath(p), best);
-  PreferBf16Dot(true);
-  EXPECT_EQ(ChooseKernelPath(p), CpuHasAvx512Bf16() ? KernelPath::kAvx512Bf16 : best);
-  PreferBf16Dot(false);
-  AllowBf16DotPath(false);
-  EXPECT_EQ(ChooseKernelPath(p), KernelPath::kHighway);
-  AllowBf16DotPath(true);
-  p.kv_dtype = DType::kF32;
-  EXPECT_EQ(ChooseKernelPath(p), KernelPath::kHighway);
-  p.kv_dtype = DType::kI8;
-  EXPECT_EQ(ChooseKernelPath(p), KernelPath::kHighway);
-  p.kv_dtype = DType::kF8E4M3FN;
-  EXPECT_EQ(ChooseKernelPath(p), best);
+#endif  // __x86_64__
+
+// The kernels a call reports for each class of task under each feature
+// mask, against the dispatch table written out in dispatch.h (what the
+// grids above then check numerically under the same masks).
+TEST(KernelDispatchTest, ReportsTheTableRow) {
+  auto report = [](DType kv, std::vector<SequenceShape> seqs, bool soft_cap) {
+    BatchSpec spec;
+    spec.kv_dtype = kv;
+    spec.num_q_heads = 8;
+    spec.num_kv_heads = 2;
+    spec.sequences = std::move(seqs);
+    const SyntheticBatch b = tools::MakeSyntheticBatch(spec);
+    std::vector<uint8_t> out = b.NewOutput();
+    AttentionOptions o;
+    o.sm_scale = 0.1;
+    o.num_queries_per_block = 16;  // Prefill tiles: 16 tokens x 4 q heads per kv head.
+    if (soft_cap) o.soft_cap = 30.0;
+    return DescribeKernels(ValidateRagged(
+        CombinedInputs(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
+                       b.NumSeqs()),
+        o, b.OutView(out)));
+  };
+  const std::vector<SequenceShape> decode = {{1, 40}}, middle = {{3, 40}},
+                                   prefill = {{40, 40}};
+  {
+    ScopedCpuFeatureMask portable(kNoCpuFeatures);
+    EXPECT_EQ(report(DType::kBF16, decode, false), "decode: highway_rows");
+    EXPECT_EQ(report(DType::kF8E4M3FN, middle, false), "middle: highway_rows");
+    EXPECT_EQ(report(DType::kBF16, prefill, false), "prefill: highway_packed");
+  }
+  EXPECT_EQ(report(DType::kF32, decode, false), "decode: highway_rows");
+  EXPECT_EQ(report(DType::kI8, middle, false), "middle: highway_rows");
+  EXPECT_EQ(report(DType::kF16, prefill, false), "prefill: highway_packed");
+  if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  EXPECT_EQ(report(DType::kBF16, decode, false), "decode: avx512_wide_decode > avx512_wide");
+  EXPECT_EQ(report(DType::kBF16, decode, true), "decode: avx512_wide");
+  EXPECT_EQ(report(DType::kBF16, middle, false), "middle: avx512_wide");
+  EXPECT_EQ(report(DType::kF8E5M2, prefill, false), "prefill: highway_packed");
+  EXPECT_EQ(report(DType::kBF16, {{1, 40}, {40, 40}}, false),
+            "decode: avx512_wide_decode > avx512_wide; prefill: highway_packed");
+  {
+    ScopedCpuFeatureMask no_f16(CpuFeatures{.avx512bw = true, .avx512bf16 = true});
+    EXPECT_EQ(report(DType::kF8E4M3FN, decode, false),
+              "decode: avx512_wide_decode > avx512_wide");
+  }
+  if (!DetectedCpuFeatures().avx512fp16) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
+  EXPECT_EQ(report(DType::kF8E4M3FN, decode, false),
+            "decode: avx512fp16_decode > avx512_wide_decode > avx512_wide");
+  EXPECT_EQ(report(DType::kF8E5M2, decode, true), "decode: avx512_wide");
 }
 
-TEST(KernelBf16DotTest, AccIndexIsAPermutation) {
-  std::vector<int> seen(64, 0);
-  for (int64_t d = 0; d < 64; ++d) ++seen[Bf16AccIndex(d)];
-  for (int count : seen) EXPECT_EQ(count, 1);
+// A feature mask is scoped and per thread: it ends with its scope and never
+// reaches another thread's calls.
+TEST(KernelDispatchTest, FeatureMasksAreScopedAndPerThread) {
+  const CpuFeatures all = DetectedCpuFeatures();
+  {
+    ScopedCpuFeatureMask outer(CpuFeatures{.avx512bw = true});
+    EXPECT_FALSE(UsableCpuFeatures().avx512fp16);
+    EXPECT_EQ(UsableCpuFeatures().avx512bw, all.avx512bw);
+    {
+      ScopedCpuFeatureMask inner(kNoCpuFeatures);
+      EXPECT_FALSE(UsableCpuFeatures().avx512bw);
+      CpuFeatures other;
+      std::thread([&] { other = UsableCpuFeatures(); }).join();
+      EXPECT_EQ(other.ToString(), all.ToString());
+    }
+    EXPECT_EQ(UsableCpuFeatures().avx512bw, all.avx512bw);
+  }
+  EXPECT_EQ(UsableCpuFeatures().ToString(), all.ToString());
 }
 
 // ---- Shapes the random grid may miss.
@@ -811,8 +873,9 @@ TEST(KernelTest, AllLogitsMinusInfIsNaNLikeTheReference) {
   for (int64_t t = 0; t < T; ++t) q[(t * 2 + 1) * D] = -1.0f;        // Head 1: +inf logits.
   std::vector<int32_t> kv_lens = {T}, pages = {2, 0, 3, 1}, cu = {0, T}, n = {1};
   for (double mask : {-std::numeric_limits<double>::infinity(), 4.8}) {  // Vanish; additive.
-    for (bool allow : {true, false}) {
-      AllowBf16DotPath(allow);
+    for (bool portable : {false, true}) {
+      std::optional<ScopedCpuFeatureMask> hidden;  // true: the Highway kernels only.
+      if (portable) hidden.emplace(kNoCpuFeatures);
       for (int threads : {1, 3}) {
         AttentionOptions o;
         o.mask_value = mask;
@@ -835,7 +898,6 @@ TEST(KernelTest, AllLogitsMinusInfIsNaNLikeTheReference) {
       }
     }
   }
-  AllowBf16DotPath(true);
 }
 
 // Same inputs, same thread count: the same bytes, every run.
@@ -937,6 +999,62 @@ TEST(PlanTest, AutomaticBlocksClampToPagesPerSeq) {
 
 // One size from the caller, the other chosen: the chosen one is refitted to
 // vmem_limit_bytes around the caller's (the chooser fitted its own pair).
+// The bytes the run allocates per worker for the plan of p with 2 threads
+// (LayoutScratch over the plan's scratch shape, as ComputeAttention does).
+int64_t PlannedScratchBytes(const AttentionProblem& p) {
+  Plan plan;
+  BuildPlan(p, 2, plan);
+  return ScratchBytes(plan.scratch);
+}
+
+// The same for the tiles t of p, as the plan would shape its scratch.
+int64_t WorkerScratchBytes(const AttentionProblem& p, const TileSizes& t) {
+  ScratchShape shape;
+  shape.rows = ScratchRows(t.q_tile, p.QueriesPerKvHead(), p.num_kv_heads);
+  shape.head_dim = p.head_dim;
+  shape.kv_block = t.pages_per_block * p.page_size;
+  shape.kv_dtype = p.kv_dtype;
+  return ScratchBytes(shape);
+}
+
+// Decode tasks take every kv head (num_kv_heads x the rows of a query tile):
+// the scratch the run allocates for them, not just one kv head's, must fit
+// vmem_limit_bytes (it did not: the fit budgeted one kv head's rows).
+TEST(PlanTest, AllocatedScratchOfMultiHeadDecodeFitsVmem) {
+  std::vector<int32_t> kv_lens(16, 4096), cu(17), pages(16 * 256);
+  for (int i = 0; i <= 16; ++i) cu[i] = i;
+  for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i % 4096);
+  AttentionProblem p;
+  p.num_tokens = 16;
+  p.page_size = 16;
+  p.pages_per_seq = 256;
+  p.num_pages = 4096;
+  p.max_num_seqs = 16;
+  p.kv_dtype = p.q_dtype = DType::kBF16;
+  p.kv_lens = kv_lens.data();
+  p.cu_q_lens = cu.data();
+  p.page_indices = pages.data();
+  p.page_indices_row_stride = 256;
+  p.num_seqs = 16;
+  p.sm_scale = 0.1f;
+  p.mask_value = static_cast<float>(kDefaultMaskValue);
+  // (q heads, kv heads, head_dim): many kv heads of one row each is where
+  // one kv head's rows and the task's differ most.
+  for (const auto& [q_heads, kv_heads, dim] :
+       {std::tuple{32, 8, 128}, std::tuple{64, 64, 256}, std::tuple{16, 16, 64}}) {
+    p.num_q_heads = q_heads;
+    p.num_kv_heads = kv_heads;
+    p.head_dim = dim;
+    // (Below ~300 KiB the 64-head case fits no tile: the chooser then takes
+    // the smallest, which this does not check.)
+    for (int64_t vmem : {int64_t{512} << 10, int64_t{1} << 20, int64_t{2} << 20}) {
+      p.vmem_limit_bytes = vmem;
+      EXPECT_LE(PlannedScratchBytes(p), vmem)
+          << q_heads << "/" << kv_heads << " heads, head_dim " << dim << ", vmem " << vmem;
+    }
+  }
+}
+
 TEST(PlanTest, ChosenSizeFitsVmemAroundTheCallersOne) {
   AttentionProblem p;
   p.num_tokens = 4096;
@@ -950,12 +1068,12 @@ TEST(PlanTest, ChosenSizeFitsVmemAroundTheCallersOne) {
   p.num_queries_per_block = 256;  // 1024 rows: the chooser's KV tile must shrink.
   TileSizes t = ChooseTileSizes(p);
   EXPECT_EQ(t.q_tile, 256);
-  EXPECT_LE(ScratchBytes(p, t.q_tile, t.pages_per_block * p.page_size), p.vmem_limit_bytes);
+  EXPECT_LE(WorkerScratchBytes(p, t), p.vmem_limit_bytes);
   p.num_queries_per_block = 0;
   p.num_kv_pages_per_block = 128;  // 2048 keys: the chooser's query tile must shrink.
   t = ChooseTileSizes(p);
   EXPECT_EQ(t.pages_per_block, 128);
-  EXPECT_LE(ScratchBytes(p, t.q_tile, t.pages_per_block * p.page_size), p.vmem_limit_bytes);
+  EXPECT_LE(WorkerScratchBytes(p, t), p.vmem_limit_bytes);
 }
 
 // ---- The thread pool.

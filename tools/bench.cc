@@ -25,11 +25,12 @@
 #include <vector>
 
 #include "commands.h"
-#include "kernel/kernel.h"
+#include "compute.h"
 #include "machine.h"
 #include "rpa/rpa.h"
 #include "synthetic_batch.h"
 #include "thread_pool.h"
+#include "validate_internal.h"
 #include "workloads.h"
 
 namespace rpa::tools {
@@ -272,14 +273,10 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
     r.gflops = flops / s * 1e-9;
     r.all_threads = ti == 1;
     r.kv_dtype = spec.kv_dtype;
-    {
-      internal::AttentionProblem problem;
-      problem.kv_dtype = spec.kv_dtype;
-      const internal::KernelPath path = internal::ChooseKernelPath(problem);
-      r.path = path == internal::KernelPath::kAvx512Wide   ? "avx512_wide"
-               : path == internal::KernelPath::kAvx512Bf16 ? "avx512_bf16"
-                                                           : "highway";
-    }
+    r.path = internal::DescribeKernels(internal::ValidateRagged(
+        internal::CombinedInputs(batch.Q(), kv_view, batch.KvLens(), batch.PageIndices(),
+                                 batch.CuQLens(), batch.NumSeqs()),
+        options, batch.OutView(out)));
     results.push_back(r);
   }
   Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +

@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-#include "kernel/kernel.h"
+#include "kernel/cpu_features.h"
 #include "thread_pool.h"
 
 #if defined(__x86_64__)
@@ -233,8 +233,8 @@ MachineLimits MeasureMachine(int threads, bool quick) {
   MachineLimits limits;
   limits.threads = internal::ResolveNumThreads(threads);
   limits.llc_bytes = LastLevelCacheBytes();
-  limits.avx512_bf16 = internal::CpuHasAvx512Bf16();
-  limits.avx512_fp16 = internal::CpuHasAvx512Fp16();
+  limits.avx512_bf16 = internal::DetectedCpuFeatures().avx512bf16;
+  limits.avx512_fp16 = internal::DetectedCpuFeatures().avx512fp16;
   // At least 4x the LLC, so the reads come from memory.
   const size_t bytes = std::clamp<size_t>(static_cast<size_t>(limits.llc_bytes) * 4,
                                           size_t{1} << 30, size_t{4} << 30);

@@ -1,0 +1,199 @@
+// Pieces the AVX-512 tile kernels share (avx512_wide.cc, avx512_fp16_decode.cc):
+// the transpose-and-add reduction of 16 accumulators into one vector of
+// logits, the fused decode tiles' exp, row reductions, logits walk and
+// online-softmax update. x86-64 only; every function is compiled for the
+// instructions it uses (never -march=native for a file) and called only
+// where CpuFeatures says so.
+#ifndef RPA_SRC_KERNEL_AVX512_COMMON_H_
+#define RPA_SRC_KERNEL_AVX512_COMMON_H_
+
+#if defined(__x86_64__)
+// GCC 12's _mm512_undefined_* are written `__m512 __Y = __Y;`, which
+// -Wuninitialized flags wherever they inline (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernel/tile_kernel.h"
+
+#define RPA_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+namespace rpa::internal::avx512 {
+
+// x + y as 16 floats, or (kHalf) as 32 halves (vaddph).
+template <bool kHalf>
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 AddLanes(__m512 x, __m512 y) {
+  if constexpr (kHalf) {
+    __asm__("vaddph %1, %0, %0" : "+v"(x) : "v"(y));
+    return x;
+  } else {
+    return _mm512_add_ps(x, y);
+  }
+}
+
+// Lane i of the result = sum of the lanes of a[i] (kHalf: 32-bit lane i
+// holds two halves whose sum is that of a[i]'s 32 halves).
+// always_inline: called out of line, the accumulator array's address escapes
+// and GCC stores all 16 accumulators to the stack on every step.
+template <bool kHalf = false>
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 SumEach16(const __m512* a) {
+  __m512 b[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 x = a[2 * i], y = a[2 * i + 1];
+    b[i] = AddLanes<kHalf>(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+  }
+  __m512 c[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = AddLanes<kHalf>(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                           _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // c[i] holds, in each 128-bit lane L, the lane-L partial sums of
+  // a[4i .. 4i+3]; add the four 128-bit lanes of each c[i].
+  const __m512 e01 =
+      AddLanes<kHalf>(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                      _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 e23 =
+      AddLanes<kHalf>(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                      _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return AddLanes<kHalf>(_mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Lane i of the result = the sum of acc[i]'s lanes (kHalf: 32 halves each),
+// as f32: a block's 16 logits.
+template <bool kHalf = false>
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 BlockLogits(const __m512* acc) {
+  // A copy for the reduction: acc's own address never escapes, so GCC keeps
+  // it in registers instead of storing all 16 to the stack every step.
+  __m512 fin[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) fin[i] = acc[i];
+  if constexpr (kHalf) {
+    const __m512i pairs = _mm512_castps_si512(SumEach16<true>(fin));
+    // Lane i's two halves added, the sum in the low half, then as f32.
+    const __m512 sums = AddLanes<true>(_mm512_castsi512_ps(pairs),
+                                       _mm512_castsi512_ps(_mm512_srli_epi32(pairs, 16)));
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_castps_si512(sums)));
+  } else {
+    return SumEach16(fin);
+  }
+}
+
+
+// e^x for x <= 0, -inf included, within about an ulp; e^x below e^-87
+// (just above the smallest normal float) is 0: it cannot move a sum that
+// holds e^0 = 1, and no denormal reaches the products.
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 ExpNonPositive(__m512 x) {
+  const __m512 lowest = _mm512_set1_ps(-87.0f);
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
+  x = _mm512_max_ps(x, lowest);  // -inf would make the reduced argument NaN.
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // x - n ln2 in two steps (ln2's high part has trailing zeros: n * hi is exact).
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-6f), r);
+  // Taylor to degree 7 on |r| <= ln2 / 2: truncation below 1e-8.
+  __m512 poly = _mm512_set1_ps(1.0f / 5040);
+  for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) {
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(c));
+  }
+  return _mm512_maskz_scalef_ps(normal, poly, n);
+}
+
+// Lane i of the result: the sum (or max) of the four lanes of v's 128-bit
+// lane that holds i, i.e. of row i / 4 in a logits block.
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 RowMax(__m512 v) {
+  v = _mm512_max_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_max_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 RowSum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+// Lane r (< 4) of the result: lane 4r of v, one per row.
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m128 PerRow(__m512 v) {
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
+}
+
+// A fused decode tile's logits, 4 keys at a time: block(k) gives the scaled
+// logits of keys k[0..3] (lane r * 4 + t); they go to w, keys past n as
+// -inf, for DecodeTileSoftmax, with their lane-wise maximum in *vmax and
+// the lanes that were NaN in *nan. The next tile's K rows are prefetched
+// meanwhile.
+template <class Block>
+RPA_AVX512_TARGET __attribute__((always_inline)) inline void DecodeTileLogits(
+    const KvTile& tile, const Block& block, float* w, __m512* vmax, __mmask16* nan) {
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  *vmax = neg_inf;
+  *nan = 0;
+  const int64_t n = tile.n;
+  for (int64_t b = 0; 4 * b < n; ++b) {
+    const int64_t t0 = 4 * b, valid = n - t0 < 4 ? n - t0 : 4;
+    PrefetchRows(tile.k_next, t0, 4, tile.row_bytes);
+    const void* k[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) k[t] = tile.k[t0 + (t < valid ? t : 0)];
+    __m512 x = block(k);
+    *nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __mmask16 keys = static_cast<__mmask16>(((1u << valid) - 1) * 0x1111u);
+    x = _mm512_mask_blend_ps(keys, neg_inf, x);
+    *vmax = _mm512_max_ps(*vmax, x);
+    _mm512_store_ps(w + 16 * b, x);
+  }
+}
+
+// A fused decode tile's new softmax state for its (up to) 4 rows: m, l and
+// the factor alpha = e^(m_old - m_new) that rescales the old accumulator.
+struct DecodeTileState {
+  alignas(16) float m[4], l[4], alpha[4];
+  void Commit(int64_t rows, float* m_out, float* l_out) const {
+    std::memcpy(m_out, m, sizeof(float) * rows);
+    std::memcpy(l_out, l, sizeof(float) * rows);
+  }
+};
+
+// The online-softmax update of a fused decode tile. w holds the tile's
+// scaled logits in blocks of 16 (lane r * 4 + t; -inf where a block has no
+// key t), vmax their lane-wise maximum, nan the lanes that were NaN. On
+// success w holds the weights e^(s - m_new) and *next the rows' new state;
+// false, with nothing written, where a NaN (here or in m) or a row maximum
+// that is not finite needs SoftmaxRow's rules.
+RPA_AVX512_TARGET __attribute__((always_inline)) inline bool DecodeTileSoftmax(
+    float* w, int64_t n, __m512 vmax, __mmask16 nan, int64_t rows, const float* m,
+    const float* l, DecodeTileState* next) {
+  const __mmask8 row_mask = static_cast<__mmask8>((1u << rows) - 1);
+  const __mmask16 row_lanes = static_cast<__mmask16>((1u << (4 * rows)) - 1);
+  const __m512 m_old = _mm512_permutexvar_ps(
+      _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+      _mm512_castps128_ps512(_mm_maskz_loadu_ps(row_mask, m)));
+  const __m512 m_new = _mm512_max_ps(m_old, RowMax(vmax));
+  const __mmask16 finite = _mm512_mask_cmp_ps_mask(
+      row_lanes, _mm512_sub_ps(m_new, m_new), _mm512_setzero_ps(), _CMP_EQ_OQ);
+  if ((nan & row_lanes) != 0 || finite != row_lanes ||
+      _mm512_mask_cmp_ps_mask(row_lanes, m_old, m_old, _CMP_UNORD_Q) != 0) {
+    return false;
+  }
+  const __m512 alpha = ExpNonPositive(_mm512_sub_ps(m_old, m_new));  // m_old = -inf: 0.
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t b = 0; 4 * b < n; ++b) {
+    const __m512 p = ExpNonPositive(_mm512_sub_ps(_mm512_load_ps(w + 16 * b), m_new));
+    sum = _mm512_add_ps(sum, p);
+    _mm512_store_ps(w + 16 * b, p);
+  }
+  const __m128 alpha_rows = PerRow(alpha);
+  _mm_store_ps(next->alpha, alpha_rows);
+  _mm_store_ps(next->m, PerRow(m_new));
+  const __m128 l_old = _mm_maskz_loadu_ps(row_mask, l);
+  _mm_store_ps(next->l, _mm_add_ps(_mm_mul_ps(l_old, alpha_rows), PerRow(RowSum(sum))));
+  return true;
+}
+
+}  // namespace rpa::internal::avx512
+
+#endif  // __x86_64__
+#endif  // RPA_SRC_KERNEL_AVX512_COMMON_H_

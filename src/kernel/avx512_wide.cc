@@ -1,0 +1,461 @@
+// The AVX-512 widening kernels: bf16 and 8-bit float (e4m3fn, e5m2) K/V
+// widened to f32 in registers, products by f32 FMA (AVX-512 F/BW/VL).
+//
+// Arithmetic: a 32-bit lane of 32 loaded bf16 holds elements 2i (low half)
+// and 2i + 1 (high half); a shift and a mask turn them into two f32 vectors,
+// the even and the odd elements of the chunk, with no shuffle. q rows are
+// stored in the same even/odd order (kF32EvenOdd, WideQIndex), so a dot
+// product needs nothing else, and PV accumulates in that order (kEvenOdd),
+// which the task loop undoes once per task. 8-bit floats become bf16 by two
+// vpermi2w table lookups per 32 codes (exact; e4m3fn as value * 2^-8).
+//
+// Shapes: logits of blocks of 4 rows x 4 keys (2 x 8, 1 x 16 for fewer rows,
+// so 1-2 q heads per kv head still fill 16 accumulators) reduced by one
+// transpose-and-add tree; PV over 4 rows x 64 dims per pass.
+//
+// Dispatch chooses it for bf16 and 8-bit float K/V with fewer than
+// kPackedMinRows rows per kv head where the CPU has AVX-512 BW (vdpbf16ps
+// issues at half the FMA rate on the CPUs measured, docs/kernel.md), and
+// its fused tile (kAvx512WideDecode) for decode tiles of 3-8 rows.
+#include "kernel/avx512_wide.h"
+
+#if defined(__x86_64__)
+#include <cstring>
+
+#include "kernel/avx512_common.h"
+#include "rpa/dtype.h"
+
+namespace rpa::internal {
+namespace avx512 {
+namespace {
+
+// The elements of the 32-element chunk at d (< head_dim) that lie below
+// head_dim: all of a whole chunk, the tail of the last one.
+inline __mmask32 ChunkMask(int64_t d, int64_t head_dim) {
+  const int64_t left = head_dim - d;
+  return left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+}
+
+// Stores a kRows x kTokens block's logits (lane r * kTokens + t) for the
+// rows and tokens that exist.
+template <int kRows, int kTokens>
+RPA_AVX512_TARGET __attribute__((always_inline)) inline void StoreLogitsBlock(
+    __m512 logits, int64_t rows, int64_t tokens, float* s, int64_t s_stride) {
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, logits);
+  const int64_t valid_rows = rows < kRows ? rows : kRows;
+  const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
+  for (int64_t r = 0; r < valid_rows; ++r) {
+    std::memcpy(s + r * s_stride, sums + r * kTokens, sizeof(float) * valid_tokens);
+  }
+}
+
+// Bits of the bf16 value of each 8-bit float magnitude (code & 0x7F);
+// e4m3fn scaled by 2^-8 (kE4M3Rescale).
+struct Fp8Table {
+  alignas(64) uint16_t bits[128];
+};
+
+Fp8Table MakeFp8Table(DType dtype) {
+  Fp8Table t;
+  for (int code = 0; code < 128; ++code) {
+    const uint8_t byte = static_cast<uint8_t>(code);
+    float f = LoadAsF32(dtype, &byte, 0);
+    if (dtype == DType::kF8E4M3FN) f *= 1.0f / kE4M3Rescale;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    // Exact in bf16 (low half zero); NaN stays a quiet NaN.
+    t.bits[code] = f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(u >> 16);
+  }
+  return t;
+}
+
+// The table of an 8-bit float K/V dtype, or null for bf16.
+const Fp8Table* Fp8TableOf(DType dtype) {
+  static const Fp8Table e4m3 = MakeFp8Table(DType::kF8E4M3FN);
+  static const Fp8Table e5m2 = MakeFp8Table(DType::kF8E5M2);
+  if (dtype == DType::kF8E4M3FN) return &e4m3;
+  if (dtype == DType::kF8E5M2) return &e5m2;
+  return nullptr;
+}
+
+// The table in four registers, for converting in the loops.
+struct Fp8Lut {
+  __m512i t0, t1, t2, t3;
+};
+
+RPA_AVX512_TARGET __attribute__((always_inline)) inline Fp8Lut LoadLut(const Fp8Table* table) {
+  Fp8Lut lut;
+  if (table == nullptr) {
+    lut.t0 = lut.t1 = lut.t2 = lut.t3 = _mm512_setzero_si512();
+  } else {
+    lut.t0 = _mm512_load_si512(table->bits);
+    lut.t1 = _mm512_load_si512(table->bits + 32);
+    lut.t2 = _mm512_load_si512(table->bits + 64);
+    lut.t3 = _mm512_load_si512(table->bits + 96);
+  }
+  return lut;
+}
+
+// The bf16 bits of 32 8-bit float codes (zero-extended to 16 bits, x).
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512i Fp8ToBf16(__m512i x,
+                                                                         const Fp8Lut& lut) {
+  // permutex2var reads index bits [5:0]: entries 0-63 from (t0, t1),
+  // 64-127 from (t2, t3); bit 6 picks between them.
+  const __m512i lo = _mm512_permutex2var_epi16(lut.t0, x, lut.t1);
+  const __m512i hi = _mm512_permutex2var_epi16(lut.t2, x, lut.t3);
+  const __m512i mag =
+      _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
+  // mag | (x << 8 & 0x8000): the sign bit back on top.
+  return _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(x, 8),
+                                   _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
+}
+
+RPA_AVX512_TARGET void Fp8RowsToBf16Impl(const Fp8Table& table, const KvRows& rows, int64_t n,
+                                         int64_t head_dim, const TileScratch& scratch) {
+  const Fp8Lut lut = LoadLut(&table);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* src = static_cast<const uint8_t*>(rows[i]);
+    uint16_t* out = scratch.kv_bf16 + i * scratch.dim_pad;
+    for (int64_t d = 0; d < head_dim; d += 32) {
+      const __m512i x =
+          _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(ChunkMask(d, head_dim), src + d));
+      _mm512_storeu_si512(out + d, Fp8ToBf16(x, lut));
+    }
+    scratch.converted[i] = reinterpret_cast<const uint8_t*>(out);
+  }
+}
+
+RPA_AVX512_TARGET __attribute__((always_inline)) inline void Widen(__m512i raw, __m512* even,
+                                                                   __m512* odd) {
+  *even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+  *odd = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(-65536)));
+}
+
+// Elements [d, d + 32) of a K/V row (masked: nothing past the row is read,
+// the tail is 0) as f32, even elements in *even and odd ones in *odd. kFp8:
+// the row holds 8-bit floats, converted in registers (Fp8ToBf16), so no
+// scratch row is written and read back.
+template <bool kFp8>
+RPA_AVX512_TARGET __attribute__((always_inline)) inline void LoadWide(const void* row, int64_t d,
+                                                                      __mmask32 mask,
+                                                                      const Fp8Lut& lut,
+                                                                      __m512* even, __m512* odd) {
+  if constexpr (kFp8) {
+    const __m512i x = _mm512_cvtepu8_epi16(
+        _mm256_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(row) + d));
+    Widen(Fp8ToBf16(x, lut), even, odd);
+  } else {
+    Widen(_mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d), even, odd);
+  }
+}
+
+// The logits of a kRows x kTokens block (kRows * kTokens = 16) of key rows
+// k[t]: lane r * kTokens + t of the result is q_r . k_t.
+template <int kRows, int kTokens, bool kFp8>
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 WideLogitsVector(
+    const float* const* q, const void* const* k, int64_t head_dim, const Fp8Lut& lut) {
+  static_assert(kRows * kTokens == 16);
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 32) {
+    const __mmask32 mask = ChunkMask(d, head_dim);
+    __m512 ke[kTokens], ko[kTokens];
+#pragma GCC unroll 16
+    for (int t = 0; t < kTokens; ++t) LoadWide<kFp8>(k[t], d, mask, lut, &ke[t], &ko[t]);
+#pragma GCC unroll 16
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 qe = _mm512_loadu_ps(q[r] + d);
+      const __m512 qo = _mm512_loadu_ps(q[r] + d + 16);
+#pragma GCC unroll 16
+      for (int t = 0; t < kTokens; ++t) {
+        acc[r * kTokens + t] = _mm512_fmadd_ps(qe, ke[t], acc[r * kTokens + t]);
+        acc[r * kTokens + t] = _mm512_fmadd_ps(qo, ko[t], acc[r * kTokens + t]);
+      }
+    }
+  }
+  return BlockLogits(acc);
+}
+
+// The logits of rows [r, r + kRows) x keys [t, t + kTokens) that exist.
+template <int kRows, int kTokens, bool kFp8>
+RPA_AVX512_TARGET void WideLogitsBlock(const QueryRows& q, const KvRows& k, const KvTile& tile,
+                                       int64_t r, int64_t t, const TileLogits& s,
+                                       const Fp8Table* table) {
+  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
+  const void* keys[kTokens];
+#pragma GCC unroll 16
+  for (int i = 0; i < kTokens; ++i) keys[i] = k[t + i < tile.n ? t + i : t];
+  const float* q_rows[kRows];
+  const float* q0 = static_cast<const float*>(q.data) + r * q.stride;
+#pragma GCC unroll 16
+  for (int i = 0; i < kRows; ++i) q_rows[i] = q0 + i * q.stride;
+  StoreLogitsBlock<kRows, kTokens>(
+      WideLogitsVector<kRows, kTokens, kFp8>(q_rows, keys, tile.head_dim, lut), q.rows - r,
+      tile.n - t, s.s + r * s.stride + t, s.stride);
+}
+
+// Logits of every row and key: the row count picks the block shape (4 x 4,
+// 2 x 8 or 1 x 16 keys), so that decode with 1 or 2 q heads per kv head
+// still fills all 16 accumulators. The first row block issues the next
+// tile's prefetches, a block's worth per block.
+template <bool kFp8>
+void WideLogitsRows(const QueryRows& q, const KvRows& k, const KvTile& tile, const TileLogits& s,
+                    const Fp8Table* table) {
+  const int64_t rows = q.rows, n = tile.n, bytes = tile.row_bytes;
+  const int64_t per = rows > 2 ? 4 : rows == 2 ? 8 : 16;
+  if (tile.k_next.count > RoundUp(n, per)) {
+    PrefetchRows(tile.k_next, RoundUp(n, per), tile.k_next.count, bytes);
+  }
+  int64_t r = 0;
+  for (; r + 4 <= rows || (rows - r > 2); r += 4) {
+    for (int64_t t = 0; t < n; t += 4) {
+      if (r == 0) PrefetchRows(tile.k_next, t, 4, bytes);
+      WideLogitsBlock<4, 4, kFp8>(q, k, tile, r, t, s, table);
+    }
+  }
+  if (rows - r == 2) {
+    for (int64_t t = 0; t < n; t += 8) {
+      if (r == 0) PrefetchRows(tile.k_next, t, 8, bytes);
+      WideLogitsBlock<2, 8, kFp8>(q, k, tile, r, t, s, table);
+    }
+  } else if (rows - r == 1) {
+    for (int64_t t = 0; t < n; t += 16) {
+      if (r == 0) PrefetchRows(tile.k_next, t, 16, bytes);
+      WideLogitsBlock<1, 16, kFp8>(q, k, tile, r, t, s, table);
+    }
+  }
+}
+
+// One PV pass: acc rows (even/odd order) += sum_t p[r][t] * v_t.
+struct PvPass {
+  const float* p = nullptr;  // p[r][t] at p[r * p_stride + t], or kBlocked (below).
+  int64_t p_stride = 0;
+  int64_t rows = 0;           // Valid rows (of the block's kRows).
+  KvRows v;                   // [n] V rows.
+  int64_t n = 0;
+  int64_t head_dim = 0;
+  float* acc = nullptr;       // [rows, acc_stride]
+  int64_t acc_stride = 0;
+  const float* alpha = nullptr;  // [rows] scales each acc row first; null: none.
+  const KvRows* prefetch = nullptr;  // The next tile's rows; null: none.
+  int64_t prefetch_bytes = 0;
+  const Fp8Table* table = nullptr;
+};
+
+// A pass over kRows rows and the kChunks 32-dim chunks from d0: 2 chunks
+// give 4 * kRows independent accumulator chains per key, enough to hide the
+// FMA latency at 4 rows. With kBlocked (4 rows) p[r][t] is lane r * 4 + t % 4
+// of block t / 4 (16 floats each), the fused decode tile's order.
+template <int kRows, int kChunks, bool kFp8, bool kBlocked>
+RPA_AVX512_TARGET void WidePvBlock(const PvPass& a, int64_t d0, bool prefetch) {
+  static_assert(!kBlocked || kRows == 4);
+  const Fp8Lut lut = LoadLut(kFp8 ? a.table : nullptr);
+  const float* p = a.p;
+  const int64_t p_stride = a.p_stride, valid_rows = a.rows, tokens = a.n;
+  const int64_t acc_stride = a.acc_stride, head_dim = a.head_dim;
+  float* acc = a.acc;
+  const KvRows v_rows = a.v;
+  const KvRows pf = prefetch && a.prefetch != nullptr ? *a.prefetch : KvRows{};
+  __mmask32 mask[kChunks];
+  for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask(d0 + 32 * c, head_dim);
+  __m512 ae[kChunks][kRows], ao[kChunks][kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t rr = r < valid_rows ? r : 0;
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      ae[c][r] = _mm512_loadu_ps(acc + rr * acc_stride + d0 + 32 * c);
+      ao[c][r] = _mm512_loadu_ps(acc + rr * acc_stride + d0 + 32 * c + 16);
+      if (a.alpha != nullptr) {
+        ae[c][r] = _mm512_mul_ps(ae[c][r], _mm512_set1_ps(a.alpha[rr]));
+        ao[c][r] = _mm512_mul_ps(ao[c][r], _mm512_set1_ps(a.alpha[rr]));
+      }
+    }
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (t < pf.count) PrefetchRow(pf[t], a.prefetch_bytes);
+    __m512 ve[kChunks], vo[kChunks];
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      LoadWide<kFp8>(v_rows[t], d0 + 32 * c, mask[c], lut, &ve[c], &vo[c]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t rr = r < valid_rows ? r : 0;
+      const __m512 w = _mm512_set1_ps(kBlocked ? p[(t >> 2) * 16 + rr * 4 + (t & 3)]
+                                               : p[rr * p_stride + t]);
+#pragma GCC unroll 2
+      for (int c = 0; c < kChunks; ++c) {
+        ae[c][r] = _mm512_fmadd_ps(w, ve[c], ae[c][r]);
+        ao[c][r] = _mm512_fmadd_ps(w, vo[c], ao[c][r]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= valid_rows) continue;
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      _mm512_storeu_ps(acc + r * acc_stride + d0 + 32 * c, ae[c][r]);
+      _mm512_storeu_ps(acc + r * acc_stride + d0 + 32 * c + 16, ao[c][r]);
+    }
+  }
+}
+
+// One row block's PV over the whole head: chunk pairs, then a last single
+// chunk where the chunk count is odd. The first pass issues the prefetches.
+template <int kRows, bool kFp8, bool kBlocked = false>
+void WidePvRows(const PvPass& a) {
+  int64_t d = 0;
+  for (; d + 32 < a.head_dim; d += 64) WidePvBlock<kRows, 2, kFp8, kBlocked>(a, d, d == 0);
+  if (d < a.head_dim) WidePvBlock<kRows, 1, kFp8, kBlocked>(a, d, d == 0);
+}
+
+// PV of every row in blocks of 4, 2 and 1 rows; the first block prefetches.
+template <bool kFp8>
+void WidePvAllRows(PvPass a, int64_t rows) {
+  const KvRows* pf = a.prefetch;
+  if (pf != nullptr && pf->count > a.n) PrefetchRows(*pf, a.n, pf->count, a.prefetch_bytes);
+  const float* p = a.p;
+  float* acc = a.acc;
+  int64_t r = 0;
+  auto block = [&](int64_t count) {
+    a.p = p + r * a.p_stride;
+    a.acc = acc + r * a.acc_stride;
+    a.rows = count;
+    a.prefetch = r == 0 ? pf : nullptr;
+  };
+  for (; r + 4 <= rows; r += 4) {
+    block(4);
+    WidePvRows<4, kFp8>(a);
+  }
+  if (rows - r >= 2) {
+    block(2);
+    WidePvRows<2, kFp8>(a);
+    r += 2;
+  }
+  if (rows - r == 1) {
+    block(1);
+    WidePvRows<1, kFp8>(a);
+  }
+}
+
+// With more rows per kv head than this, each 4-row block would convert the
+// 8-bit tile again inside the loops: the tile is converted once into bf16
+// scratch rows instead and the bf16 loops run.
+inline constexpr int64_t kMaxRowsConvertingInLoops = 8;
+
+void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
+            const TileScratch& scratch) {
+  if (q.rows <= 0 || tile.n <= 0) return;
+  const Fp8Table* table = Fp8TableOf(tile.dtype);
+  if (table == nullptr) return WideLogitsRows<false>(q, tile.k, tile, s, nullptr);
+  if (q.rows <= kMaxRowsConvertingInLoops) return WideLogitsRows<true>(q, tile.k, tile, s, table);
+  Fp8RowsToBf16Impl(*table, tile.k, tile.n, tile.head_dim, scratch);
+  WideLogitsRows<false>(q, KvRows{scratch.converted, 0, tile.n}, tile, s, nullptr);
+}
+
+void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
+        const TileScratch& scratch) {
+  if (tile.n <= 0) return;
+  PvPass a;
+  a.p = p.s;
+  a.p_stride = p.stride;
+  a.v = tile.v;
+  a.n = tile.n;
+  a.head_dim = tile.head_dim;
+  a.acc = state.acc;
+  a.acc_stride = state.stride;
+  a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
+  a.prefetch_bytes = tile.row_bytes;
+  const Fp8Table* table = Fp8TableOf(tile.dtype);
+  if (table == nullptr) return WidePvAllRows<false>(a, p.rows);
+  if (p.rows <= kMaxRowsConvertingInLoops) {
+    a.table = table;
+    return WidePvAllRows<true>(a, p.rows);
+  }
+  Fp8RowsToBf16Impl(*table, tile.v, tile.n, tile.head_dim, scratch);
+  a.v = KvRows{scratch.converted, 0, tile.n};
+  WidePvAllRows<false>(a, p.rows);
+}
+
+template <bool kFp8>
+RPA_AVX512_TARGET bool WideDecodeTileImpl(const QueryRows& q_rows, const KvTile& tile,
+                                          float logit_scale, const SoftmaxState& state,
+                                          const Fp8Table* table) {
+  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
+  const __m512 scale = _mm512_set1_ps(logit_scale);
+  const int64_t rows = q_rows.rows;
+  // Rows past `rows` repeat the last one; nothing of theirs is stored.
+  const float* q[4];
+  const float* q0 = static_cast<const float*>(q_rows.data);
+  for (int r = 0; r < 4; ++r) q[r] = q0 + (r < rows ? r : rows - 1) * q_rows.stride;
+  // Logits, then weights, in blocks of 4 keys: lane r * 4 + t = (row r, key 4b + t).
+  alignas(64) float w[kFusedMaxKeys / 4 * 16];
+  __m512 vmax;
+  __mmask16 nan;
+  DecodeTileLogits(
+      tile,
+      [&](const void* const* k) RPA_AVX512_TARGET {
+        return _mm512_mul_ps(WideLogitsVector<4, 4, kFp8>(q, k, tile.head_dim, lut), scale);
+      },
+      w, &vmax, &nan);
+  DecodeTileState next;
+  if (!DecodeTileSoftmax(w, tile.n, vmax, nan, rows, state.m, state.l, &next)) return false;
+  next.Commit(rows, state.m, state.l);
+  PvPass a;
+  a.p = w;
+  a.rows = rows;
+  a.v = tile.v;
+  a.n = tile.n;
+  a.head_dim = tile.head_dim;
+  a.acc = state.acc;
+  a.acc_stride = state.stride;
+  a.alpha = next.alpha;
+  a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
+  a.prefetch_bytes = tile.row_bytes;
+  a.table = table;
+  WidePvRows<4, kFp8, true>(a);
+  return true;
+}
+
+bool DecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
+                const SoftmaxState& state) {
+  const Fp8Table* table = Fp8TableOf(tile.dtype);
+  return table != nullptr ? WideDecodeTileImpl<true>(q, tile, logit_scale, state, table)
+                          : WideDecodeTileImpl<false>(q, tile, logit_scale, state, nullptr);
+}
+
+// q row -> kF32EvenOdd.
+float PrepareEvenOdd(DType /*kv_dtype*/, const float* q, int64_t /*head_dim*/, int64_t dim_pad,
+                     void* out) {
+  float* dst = static_cast<float*>(out);
+  for (int64_t d = 0; d < dim_pad; ++d) dst[WideQIndex(d)] = q[d];
+  return 1.0f;
+}
+
+}  // namespace
+}  // namespace avx512
+
+KvRows Fp8RowsToBf16(DType dtype, const KvRows& rows, int64_t n, int64_t head_dim,
+                     const TileScratch& scratch) {
+  avx512::Fp8RowsToBf16Impl(*avx512::Fp8TableOf(dtype), rows, n, head_dim, scratch);
+  return KvRows{scratch.converted, 0, n};
+}
+
+const ProductKernel kAvx512Wide = {"avx512_wide",      QueryFormat::kF32EvenOdd,
+                                   avx512::PrepareEvenOdd, AccOrder::kEvenOdd,
+                                   /*e4m3_scaled=*/true, avx512::Logits,
+                                   avx512::Pv};
+
+const FusedTileKernel kAvx512WideDecode = {
+    "avx512_wide_decode", QueryFormat::kF32EvenOdd, avx512::PrepareEvenOdd, AccOrder::kEvenOdd,
+    /*e4m3_scaled=*/true,
+    // Computes 4 rows whatever the group: below 3 the unfused products cost less.
+    /*min_rows=*/3, avx512::DecodeTile};
+
+}  // namespace rpa::internal
+
+#endif  // __x86_64__

@@ -1,0 +1,55 @@
+// The one dispatch point: which tile kernels a call runs, chosen once per
+// call from (K/V dtype, rows per kv head, the options that matter, CPU
+// features), and recorded in the plan.
+//
+// The table (x86-64; other CPUs have only the Highway rows):
+//
+//   K/V dtype          rows/kv head  AVX-512 BW + FP16     AVX-512 BW only     neither
+//   bf16               <= 8          avx512_wide_decode    avx512_wide_decode  highway_rows
+//                                    > avx512_wide         > avx512_wide
+//   bf16               9-31          avx512_wide           avx512_wide         highway_rows
+//   e4m3fn, e5m2       <= 8          avx512fp16_decode     avx512_wide_decode  highway_rows
+//                                    > avx512_wide_decode  > avx512_wide
+//                                    > avx512_wide
+//   e4m3fn, e5m2       9-31          avx512_wide           avx512_wide         highway_rows
+//   any                >= 32         highway_packed        highway_packed      highway_packed
+//   f32, f16, int8     <= 31         highway_rows          highway_rows        highway_rows
+//
+// "a > b" is a fused tile a, falling back to b on a tile it declines. The
+// fused tiles run only without a soft cap, on tiles every row sees whole.
+// Why: docs/kernel.md (the widening path beats vdpbf16ps where vdpbf16ps
+// issues at half the FMA rate, as here; packing a tile to f32 once pays
+// from 32 rows on; the f16 tile is the cheapest 8-bit decode).
+#ifndef RPA_SRC_KERNEL_DISPATCH_H_
+#define RPA_SRC_KERNEL_DISPATCH_H_
+
+#include <cstdint>
+#include <string>
+
+#include "kernel/cpu_features.h"
+#include "kernel/task.h"
+#include "kernel/tile_kernel.h"
+#include "problem.h"
+
+namespace rpa::internal {
+
+// The kernels of one class of tasks: fused tiles tried in order, then the
+// products for the rows they leave.
+struct TaskKernels {
+  const FusedTileKernel* fused[2] = {nullptr, nullptr};
+  const ProductKernel* products = nullptr;
+  // "avx512fp16_decode > avx512_wide_decode > avx512_wide".
+  std::string Describe() const;
+};
+
+struct KernelChoice {
+  TaskKernels classes[kNumTaskClasses];
+  const TaskKernels& For(TaskClass c) const { return classes[static_cast<int>(c)]; }
+};
+
+// The choice for this problem on a CPU with these features.
+KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& cpu);
+
+}  // namespace rpa::internal
+
+#endif  // RPA_SRC_KERNEL_DISPATCH_H_

@@ -1,0 +1,53 @@
+#include "kernel/scratch.h"
+
+#include <algorithm>
+
+#include "kernel/task.h"
+
+namespace rpa::internal {
+
+int64_t ScratchRows(int64_t q_tile, int64_t group, int64_t num_kv_heads) {
+  // A sequence's last query tile may be short enough to be decode-like.
+  const int64_t rows = q_tile * group;
+  return std::max(rows, num_kv_heads * std::min(rows, kMultiHeadRows));
+}
+
+size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out) {
+  const int64_t rows = shape.rows;
+  const int64_t dim_pad = RoundUp(shape.head_dim, kDimAlign);
+  const int64_t token_pad = RoundUp(shape.kv_block, kTokenAlign);
+  size_t offset = 0;
+  auto take = [&](int64_t floats) {
+    float* p = base == nullptr ? nullptr : base + offset;
+    offset += static_cast<size_t>(RoundUp(floats, 16));  // A cache line: workers never share one.
+    return p;
+  };
+  constexpr int64_t kPointerFloats = sizeof(void*) / sizeof(float);
+  WorkerScratch s;
+  s.dim_pad = dim_pad;
+  s.token_pad = token_pad;
+  s.q = take(rows * dim_pad);
+  for (int f = 0; f < kNumQueryFormats; ++f) {
+    const auto format = static_cast<QueryFormat>(f);
+    s.q_format[f] = format == QueryFormat::kF32
+                        ? s.q
+                        : take(rows * QueryStride(format, dim_pad) * QueryElemBytes(format) / 4);
+    s.q_unscale[f] = take(rows);
+  }
+  s.s = take(rows * token_pad);
+  s.acc = take(rows * dim_pad);
+  s.m = take(rows);
+  s.l = take(rows);
+  s.k_base = reinterpret_cast<const uint8_t**>(take(2 * token_pad * kPointerFloats));
+  s.v_base = reinterpret_cast<const uint8_t**>(take(2 * token_pad * kPointerFloats));
+  s.tile.dim_pad = dim_pad;
+  s.tile.packed = take(RoundUp(shape.kv_block, kPackedTokenAlign) * dim_pad);
+  if (SizeOf(shape.kv_dtype) == 1) {
+    s.tile.kv_bf16 = reinterpret_cast<uint16_t*>(take(token_pad * dim_pad / 2));
+    s.tile.converted = reinterpret_cast<const uint8_t**>(take(token_pad * kPointerFloats));
+  }
+  if (out != nullptr) *out = s;
+  return offset;
+}
+
+}  // namespace rpa::internal

@@ -1,0 +1,61 @@
+// One worker's scratch: its layout, written once, both to size it (the plan
+// and the block-size fit under vmem_limit_bytes) and to carve it out of a
+// buffer (the run).
+#ifndef RPA_SRC_KERNEL_SCRATCH_H_
+#define RPA_SRC_KERNEL_SCRATCH_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernel/tile_kernel.h"
+#include "rpa/dtype.h"
+
+namespace rpa::internal {
+
+// Rows of a KV tile padded to this many tokens in scratch.
+inline constexpr int64_t kTokenAlign = 16;
+// Keys of a packed K tile are padded to twice the widest vector.
+inline constexpr int64_t kPackedTokenAlign = 32;
+
+struct WorkerScratch {
+  int64_t dim_pad = 0;    // RoundUp(head_dim, kDimAlign).
+  int64_t token_pad = 0;  // RoundUp(kv_block, kTokenAlign).
+  float* q = nullptr;     // [rows, dim_pad] f32, zero padded (QueryFormat::kF32).
+  // [rows, QueryStride(format, dim_pad)] each format's rows (kF32: q), and
+  // [rows] the factors that undo their scaling.
+  void* q_format[kNumQueryFormats] = {};
+  float* q_unscale[kNumQueryFormats] = {};
+  float* s = nullptr;    // [rows, token_pad] logits, then weights.
+  float* acc = nullptr;  // [rows, dim_pad] output accumulators.
+  float* m = nullptr;    // [rows] running max.
+  float* l = nullptr;    // [rows] running sum.
+  // [2][token_pad] each: kv head task.kv_head's K / V row of each key of the
+  // current and the next tile (ping-pong); other heads are a fixed offset.
+  const uint8_t** k_base = nullptr;
+  const uint8_t** v_base = nullptr;
+  TileScratch tile;
+};
+
+struct ScratchShape {
+  int64_t rows = 0;  // The most rows of any task (ScratchRows).
+  int64_t head_dim = 0;
+  int64_t kv_block = 0;  // Keys per KV tile.
+  DType kv_dtype = DType::kF32;
+};
+
+// The most rows of a task with query tiles of q_tile tokens: q_tile x group
+// (q heads per kv head), or for decode-like tiles (a sequence's last tile
+// may be one), which take every kv head in one task, num_kv_heads x theirs.
+int64_t ScratchRows(int64_t q_tile, int64_t group, int64_t num_kv_heads);
+
+// Lays one worker's scratch out at base (64-byte aligned sections) into
+// *out; base null: only measures. Returns its size in floats.
+size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out);
+
+inline int64_t ScratchBytes(const ScratchShape& shape) {
+  return static_cast<int64_t>(LayoutScratch(shape, nullptr, nullptr) * sizeof(float));
+}
+
+}  // namespace rpa::internal
+
+#endif  // RPA_SRC_KERNEL_SCRATCH_H_

@@ -1,0 +1,156 @@
+// The online softmax of one row over one KV tile (the unfused step between
+// a kernel's logits and its PV): scale, soft cap, mask, the running
+// maximum and sum, and the rescale of the row's accumulator. The special
+// states it leaves for the end (l = -0, NaN) are read by FinishRow
+// (softmax_finish.h).
+//
+// The fused decode tiles (avx512_common.h) do the same update for 4 rows in
+// registers and decline every case that needs the rules below (NaN, an
+// infinite maximum, masks): the two cannot be one function without the
+// fused tile losing the registers it exists for.
+// Compiled once per Highway target: include it only through
+// hwy/foreach_target.h (highway_kernel.cc).
+#if defined(RPA_SRC_KERNEL_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef RPA_SRC_KERNEL_SOFTMAX_INL_H_
+#undef RPA_SRC_KERNEL_SOFTMAX_INL_H_
+#else
+#define RPA_SRC_KERNEL_SOFTMAX_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "kernel/highway_load-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace rpa::internal {
+namespace HWY_NAMESPACE {
+struct SoftmaxParams {
+  float logit_scale;  // sm_scale * k_scale (times kE4M3Rescale where the kernel scales e4m3).
+  float soft_cap;     // 0: none.
+  float mask_value;
+  bool vanish;        // Masked keys get weight exactly 0.
+  int64_t window;     // 0: none.
+};
+
+// The keys of one row's tile.
+struct RowKeys {
+  int64_t pos = 0;     // The row's query position.
+  int64_t kv_len = 0;  // Its sequence's keys.
+  int64_t t0 = 0;      // The tile's keys [t0, t0 + n) ...
+  int64_t n = 0;
+  int64_t n_pad = 0;   // ... with logits up to RoundUp(n, Lanes) in s.
+};
+
+// Turns one row's logits s [n_pad] into weights in place and updates its
+// state (m, l and the accumulator row, row.stride = dim_pad floats).
+HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* s,
+                           const SoftmaxState& row) {
+  const int64_t pos = keys.pos, kv_len = keys.kv_len, t0 = keys.t0, n = keys.n;
+  const int64_t n_pad = keys.n_pad, dim_pad = row.stride;
+  float* m = row.m;
+  float* l = row.l;
+  float* acc = row.acc;
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const VF neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+  const VF scale = hn::Set(df, sp.logit_scale);
+  // Keys t with t > pos (causal) or t <= pos - window are masked.
+  const bool any_masked = t0 + n - 1 > pos || (sp.window > 0 && t0 <= pos - sp.window);
+  const auto iota = hn::Iota(di, 0);
+  VF vmax = neg_inf;
+  // Lanes that saw a NaN logit (before the cap: tanh's clamp would hide it).
+  VF vnan = hn::Zero(df);
+  for (int64_t i = 0; i < n_pad; i += lanes) {
+    VF x = hn::Mul(hn::LoadU(df, s + i), scale);
+    const auto index = hn::Add(iota, hn::Set(di, static_cast<int32_t>(i)));
+    const auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
+    vnan = hn::Or(vnan, hn::VecFromMask(df, hn::And(valid, hn::IsNaN(x))));
+    if (sp.soft_cap != 0.0f) {
+      const VF cap = hn::Set(df, sp.soft_cap);
+      x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
+    }
+    if (any_masked) {
+      const auto t = hn::Add(index, hn::Set(di, static_cast<int32_t>(t0)));
+      auto masked = hn::Gt(t, hn::Set(di, static_cast<int32_t>(pos)));
+      if (sp.window > 0) {
+        masked = hn::Or(masked,
+                        hn::Lt(t, hn::Set(di, static_cast<int32_t>(pos - sp.window + 1))));
+      }
+      const auto masked_f = hn::RebindMask(df, masked);
+      // mask_value -inf is added like the reference does, so a masked +inf
+      // logit becomes NaN there too (it poisons the row, as in the
+      // reference); other vanishing masks give exactly -inf.
+      x = sp.vanish && sp.mask_value != -std::numeric_limits<float>::infinity()
+              ? hn::IfThenElse(masked_f, neg_inf, x)
+              : hn::IfThenElse(masked_f, hn::Add(x, hn::Set(df, sp.mask_value)), x);
+      vnan = hn::Or(vnan, hn::VecFromMask(df, hn::And(valid, hn::IsNaN(x))));
+    }
+    x = hn::IfThenElse(valid, x, neg_inf);
+    hn::StoreU(x, df, s + i);
+    vmax = hn::Max(vmax, x);
+  }
+  const float m_old = *m;
+  const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(df, vmax)));
+  if (std::isnan(m_old) || !hn::AllFalse(df, hn::MaskFromVec(vnan)) ||
+      m_new == std::numeric_limits<float>::infinity()) {
+    // A NaN logit, or a +inf one (exp(inf - inf)), makes the row NaN in the
+    // reference (SPEC §1: NaN in valid data propagates): poison the state;
+    // m stays NaN, so later tiles come here too, and the output is NaN.
+    for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;
+    *m = std::numeric_limits<float>::quiet_NaN();
+    *l = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t d = 0; d < dim_pad; ++d) acc[d] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  if (m_new == -std::numeric_limits<float>::infinity()) {
+    // No key of this row visible yet, or only keys whose logit is -inf:
+    // weights 0, state unchanged. If the reference's maximum over the row
+    // is then -inf too, its output is exp(-inf - -inf) = NaN, unless a later
+    // key is finite: l = -0 marks that (checked at the end). That is so when
+    // every key takes part (an additive mask_value: masked keys are logit +
+    // mask_value, -inf here too) or, with masked keys vanishing, when a
+    // visible key was in the tile and either mask_value is -inf or the row
+    // masks no key at all. (Otherwise a finite mask_value <= -1e4 makes the
+    // reference weigh the masked keys instead; those may be skipped, SPEC §1.)
+    const int64_t first = sp.window > 0 ? std::max(t0, pos - sp.window + 1) : t0;
+    const bool visible = std::min(t0 + n - 1, pos) >= first;
+    const bool masks_none = pos == kv_len - 1 && (sp.window == 0 || sp.window > pos);
+    if ((!sp.vanish && n > 0) ||
+        (visible && (masks_none || sp.mask_value == -std::numeric_limits<float>::infinity()))) {
+      *l = -0.0f;
+    }
+    for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;
+    return;
+  }
+  const VF vm = hn::Set(df, m_new);
+  VF vsum = hn::Zero(df);
+  for (int64_t i = 0; i < n_pad; i += lanes) {
+    const VF x = hn::LoadU(df, s + i);
+    const VF p = hn::Exp(df, hn::Sub(x, vm));  // exp(-inf) = 0 for masked keys.
+    vsum = hn::Add(vsum, p);
+    hn::StoreU(p, df, s + i);
+  }
+  const float alpha = m_old == -std::numeric_limits<float>::infinity() ? 0.0f
+                                                                      : std::exp(m_old - m_new);
+  *m = m_new;
+  *l = *l * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
+  if (alpha != 1.0f) {
+    const VF va = hn::Set(df, alpha);
+    for (int64_t d = 0; d < dim_pad; d += lanes) {
+      hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), va), df, acc + d);
+    }
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace rpa::internal
+HWY_AFTER_NAMESPACE();
+
+#endif  // RPA_SRC_KERNEL_SOFTMAX_INL_H_

@@ -1,0 +1,346 @@
+// The task loop: one task's rows through the kernels dispatch chose for its
+// class (dispatch.h). It loads the queries in every format those kernels
+// want, walks the KV tiles (row pointers of this and the next tile, the
+// fused tiles where they apply, else logits -> softmax -> PV), and
+// finishes: the accumulators back in natural order, then the output rows
+// (or a partial for the merge). The arithmetic is the kernels'.
+//
+// Per KV tile of n keys (row pointers k_i, v_i into the pages):
+//   S[r][i] = (q_r . k_i) * sm_scale * k_scale      // kernel logits
+//   S = soft_cap ? c * tanh(S / c) : S; masked keys: -inf (skipped when
+//   mask_value <= -1e4, docs/contract.md §1) or S + mask_value
+//   m' = max(m, max_i S[r][i]);  alpha = exp(m - m')
+//   P[r][i] = exp(S[r][i] - m');  l = alpha * l + sum_i P[r][i]
+//   acc_r = alpha * acc_r + sum_i P[r][i] * v_i       // kernel pv
+// and at the end out_r = acc_r * v_scale / l (FinishRow). k_scale and
+// v_scale are folded into the logit and output scale: q.(s k) = s (q.k), so
+// K/V are never rescaled element by element.
+//
+// Compiled once per Highway target: include it only through
+// hwy/foreach_target.h (highway_kernel.cc).
+#if defined(RPA_SRC_KERNEL_TASK_LOOP_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef RPA_SRC_KERNEL_TASK_LOOP_INL_H_
+#undef RPA_SRC_KERNEL_TASK_LOOP_INL_H_
+#else
+#define RPA_SRC_KERNEL_TASK_LOOP_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "hwy/highway.h"
+#include "kernel/highway_load-inl.h"
+#include "kernel/kernel.h"
+#include "kernel/softmax-inl.h"
+#include "kernel/softmax_finish.h"
+#include "problem.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace rpa::internal {
+namespace HWY_NAMESPACE {
+
+// Fills base[i] with kv head `kv_head`'s K (or V) row of key t0 + i,
+// walking the page table page by page (one division per tile, not per key).
+inline void TileRowPointers(const AttentionProblem& pr, const PagesView& pages, int32_t seq,
+                            int32_t kv_head, int64_t t0, int64_t n, const uint8_t** base) {
+  const int64_t elem = static_cast<int64_t>(SizeOf(pr.kv_dtype));
+  int64_t column = t0 / pr.page_size;
+  int64_t slot = t0 % pr.page_size;
+  for (int64_t i = 0; i < n;) {
+    const uint8_t* row = ElementPtr(pages.data, pr.kv_dtype,
+                                    pages.Offset(pr.PageIndex(seq, column), slot, kv_head));
+    const int64_t count = std::min(n - i, pr.page_size - slot);
+    for (int64_t j = 0; j < count; ++j) base[i + j] = row + j * pages.slot_stride * elem;
+    i += count;
+    slot = 0;
+    ++column;
+  }
+}
+
+// Keys per tile when a task spans several kv heads (32 tokens x 4 KiB for 8
+// kv heads x 128 bf16 x K,V = 128 KiB per tile). Measured on the decode
+// shape (docs/kernel.md): 24-32 keys 9.4 ms, 48 9.7, 64 13.6, 128 22 (no
+// prefetch): the next tile, prefetched meanwhile, and the current one stay
+// in L2 and the misses in flight stay few enough not to stall the products.
+inline constexpr int64_t kMultiHeadTile = 32;
+
+// What every step of one task needs: its shape, its kernels, its scales.
+struct TaskContext {
+  const AttentionProblem* pr = nullptr;
+  const KernelTask* task = nullptr;
+  const TaskKernels* kernels = nullptr;
+  const WorkerScratch* ws = nullptr;
+  int64_t group = 0;          // q heads per kv head.
+  int64_t heads = 0;          // kv heads of the task.
+  int64_t rows_per_head = 0;  // Query tokens of the tile x group.
+  int64_t rows = 0;           // rows_per_head x heads.
+  int64_t q_start = 0;        // The sequence's first row of q.
+  int64_t first_pos = 0;      // Query positions of the tile's first and last token.
+  int64_t last_pos = 0;
+  int64_t kv_len = 0;
+  float value_unit = 1.0f;    // What one unit of the kernels' K/V is worth (kE4M3Rescale).
+  SoftmaxParams softmax{};
+
+  int64_t TokenOf(int64_t r) const {
+    return q_start + task->q_begin + (r % rows_per_head) / group;
+  }
+  int64_t HeadOf(int64_t r) const {
+    return (task->kv_head + r / rows_per_head) * group + r % group;
+  }
+  // Whether every row sees every key of [begin, end).
+  bool AllVisible(int64_t begin, int64_t end) const {
+    return end - 1 <= first_pos &&
+           (pr->sliding_window == 0 || begin > last_pos - pr->sliding_window);
+  }
+  QueryRows Queries(QueryFormat format, int64_t r0, int64_t count) const {
+    const int64_t stride = QueryStride(format, ws->dim_pad);
+    const int f = static_cast<int>(format);
+    return {static_cast<const uint8_t*>(ws->q_format[f]) + r0 * stride * QueryElemBytes(format),
+            stride, count, ws->q_unscale[f] + r0};
+  }
+  SoftmaxState State(int64_t r0) const {
+    return {ws->m + r0, ws->l + r0, ws->acc + r0 * ws->dim_pad, ws->dim_pad};
+  }
+};
+
+TaskContext MakeContext(const AttentionProblem& pr, const KernelTask& task,
+                        const KernelRun& run, const WorkerScratch& ws) {
+  TaskContext c;
+  c.pr = &pr;
+  c.task = &task;
+  c.ws = &ws;
+  c.group = pr.QueriesPerKvHead();
+  c.heads = task.kv_head_end - task.kv_head;
+  c.rows_per_head = (task.q_end - task.q_begin) * c.group;
+  c.rows = c.rows_per_head * c.heads;
+  c.kernels = &run.kernels->For(ClassOfRows(c.rows_per_head));
+  c.q_start = pr.cu_q_lens[task.seq];
+  const int64_t q_len = pr.cu_q_lens[task.seq + 1] - c.q_start;
+  c.kv_len = pr.kv_lens[task.seq];
+  c.first_pos = c.kv_len - q_len + task.q_begin;
+  c.last_pos = c.kv_len - q_len + task.q_end - 1;
+  c.value_unit = pr.kv_dtype == DType::kF8E4M3FN && c.kernels->products->e4m3_scaled
+                     ? kE4M3Rescale
+                     : 1.0f;
+  c.softmax.logit_scale = pr.sm_scale * pr.k_scale * c.value_unit;
+  c.softmax.soft_cap = pr.soft_cap;
+  c.softmax.mask_value = pr.mask_value;
+  c.softmax.vanish = pr.MaskedKeysVanish();
+  c.softmax.window = pr.sliding_window;
+  return c;
+}
+
+// Loads every row of q as f32 and in each other format the kernels want;
+// resets the online-softmax state.
+void LoadQueries(const TaskContext& c) {
+  const AttentionProblem& pr = *c.pr;
+  const WorkerScratch& ws = *c.ws;
+  const int64_t dim_pad = ws.dim_pad;
+  QueryFormat formats[3];
+  PrepareQueryRow prepare[3];
+  int num_formats = 0;
+  auto want = [&](QueryFormat format, PrepareQueryRow fn) {
+    if (format == QueryFormat::kF32) return;
+    for (int i = 0; i < num_formats; ++i) {
+      if (formats[i] == format) return;
+    }
+    formats[num_formats] = format;
+    prepare[num_formats++] = fn;
+  };
+  for (const FusedTileKernel* fused : c.kernels->fused) {
+    if (fused != nullptr) want(fused->q_format, fused->prepare_q);
+  }
+  want(c.kernels->products->q_format, c.kernels->products->prepare_q);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const int64_t offset = c.TokenOf(r) * pr.q_token_stride + c.HeadOf(r) * pr.q_head_stride;
+    float* q = ws.q + r * dim_pad;
+    LoadRowF32(pr.q_dtype, ElementPtr(pr.q, pr.q_dtype, offset), pr.head_dim, dim_pad, q);
+    for (int i = 0; i < num_formats; ++i) {
+      const int f = static_cast<int>(formats[i]);
+      const int64_t row_bytes = QueryStride(formats[i], dim_pad) * QueryElemBytes(formats[i]);
+      ws.q_unscale[f][r] = prepare[i](pr.kv_dtype, q, pr.head_dim, dim_pad,
+                                      static_cast<uint8_t*>(ws.q_format[f]) + r * row_bytes);
+    }
+    ws.m[r] = -std::numeric_limits<float>::infinity();
+    ws.l[r] = 0.0f;
+    std::memset(ws.acc + r * dim_pad, 0, sizeof(float) * dim_pad);
+  }
+}
+
+// Fused tiles over rows [*r0, *r0 + *left) of one kv head, in groups of up to
+// 4; each kernel in order gets a group until one takes it. Stops at the
+// first group every kernel declines, or when fewer rows are left than the
+// first kernel's minimum. The first group prefetches the next tile.
+void FusedGroups(const TaskContext& c, KvTile tile, int64_t* r0, int64_t* left) {
+  const FusedTileKernel* const* fused = c.kernels->fused;
+  const int64_t next_k = tile.k_next.count, next_v = tile.v_next.count;
+  while (*left >= fused[0]->min_rows) {
+    const int64_t group = std::min<int64_t>(*left, 4);
+    const bool first = *left == c.rows_per_head;
+    tile.k_next.count = first ? next_k : 0;
+    tile.v_next.count = first ? next_v : 0;
+    bool done = false;
+    for (int i = 0; i < 2 && !done && fused[i] != nullptr; ++i) {
+      done = fused[i]->tile(c.Queries(fused[i]->q_format, *r0, group), tile,
+                            c.softmax.logit_scale, c.State(*r0));
+    }
+    if (!done) return;
+    *r0 += group;
+    *left -= group;
+  }
+}
+
+// One kv head's (h of the task's) rows over one tile: fused groups where
+// allowed, then the products and the softmax for the rows left.
+void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool fused) {
+  const WorkerScratch& ws = *c.ws;
+  int64_t r0 = h * c.rows_per_head;
+  int64_t left = c.rows_per_head;
+  if (fused) FusedGroups(c, tile, &r0, &left);
+  if (left == 0) return;
+  if (left != c.rows_per_head) tile.k_next.count = tile.v_next.count = 0;  // Prefetched.
+  const ProductKernel& products = *c.kernels->products;
+  const TileLogits s{ws.s + r0 * ws.token_pad, ws.token_pad, left};
+  products.logits(c.Queries(products.q_format, r0, left), tile, s, ws.tile);
+  RowKeys keys;
+  keys.kv_len = c.kv_len;
+  keys.t0 = t0;
+  keys.n = tile.n;
+  keys.n_pad = RoundUp(tile.n, static_cast<int64_t>(hn::Lanes(DF())));
+  for (int64_t r = r0; r < r0 + left; ++r) {
+    keys.pos = c.first_pos + (r % c.rows_per_head) / c.group;
+    SoftmaxRow(c.softmax, keys, ws.s + r * ws.token_pad, c.State(r));
+  }
+  products.pv(s, tile, c.State(r0), ws.tile);
+}
+
+// Walks the task's KV range tile by tile. Row pointers of the current and
+// the next tile (ping-pong). Only keys below kv_len are ever read, so NaN
+// pages and garbage page indices past them are never followed. One kv
+// head's rows sit a whole token apart (4 KiB for 8 kv heads x 128 bf16 x
+// K,V), which the hardware prefetchers do not follow: the next tile's rows
+// are prefetched into L2 while this one is computed, and the first tile's
+// up front.
+void WalkTiles(const TaskContext& c, int64_t kv_block) {
+  const AttentionProblem& pr = *c.pr;
+  const KernelTask& task = *c.task;
+  const WorkerScratch& ws = *c.ws;
+  const int64_t elem = static_cast<int64_t>(SizeOf(pr.kv_dtype));
+  const int64_t k_head_bytes = pr.k.head_stride * elem;
+  const int64_t v_head_bytes = pr.v.head_stride * elem;
+  KvTile tile;
+  tile.dtype = pr.kv_dtype;
+  tile.head_dim = pr.head_dim;
+  tile.row_bytes = pr.head_dim * elem;
+  const int64_t step = c.heads > 1 ? std::min(kv_block, kMultiHeadTile) : kv_block;
+  // Tile [t0, t1): within one kv_block tile (chunks split there) and `step`.
+  auto tile_end = [&](int64_t t0) {
+    return std::min({static_cast<int64_t>(task.kv_end), (t0 / kv_block + 1) * kv_block,
+                     t0 + step});
+  };
+  auto pointers = [&](int64_t t0, int64_t n, int slot) {
+    TileRowPointers(pr, pr.k, task.seq, task.kv_head, t0, n, ws.k_base + slot * ws.token_pad);
+    TileRowPointers(pr, pr.v, task.seq, task.kv_head, t0, n, ws.v_base + slot * ws.token_pad);
+  };
+  const bool fusable = c.kernels->fused[0] != nullptr;
+  int cur = 0;
+  int64_t t0 = task.kv_begin;
+  int64_t t1 = t0 < task.kv_end ? tile_end(t0) : t0;
+  if (t0 < t1) {
+    pointers(t0, t1 - t0, cur);
+    for (int64_t i = 0; i < t1 - t0; ++i) {
+      for (int64_t h = 0; h < c.heads; ++h) {
+        PrefetchRow(ws.k_base[i] + h * k_head_bytes, tile.row_bytes);
+        PrefetchRow(ws.v_base[i] + h * v_head_bytes, tile.row_bytes);
+      }
+    }
+  }
+  while (t0 < t1) {
+    const int64_t t2 = t1 < task.kv_end ? tile_end(t1) : t1;
+    tile.n = t1 - t0;
+    if (t2 > t1) pointers(t1, t2 - t1, 1 - cur);
+    const bool fused = fusable && tile.n <= kFusedMaxKeys && c.AllVisible(t0, t1);
+    for (int64_t h = 0; h < c.heads; ++h) {
+      tile.k = {ws.k_base + cur * ws.token_pad, h * k_head_bytes, tile.n};
+      tile.v = {ws.v_base + cur * ws.token_pad, h * v_head_bytes, tile.n};
+      tile.k_next = {ws.k_base + (1 - cur) * ws.token_pad, h * k_head_bytes, t2 - t1};
+      tile.v_next = {ws.v_base + (1 - cur) * ws.token_pad, h * v_head_bytes, t2 - t1};
+      RunHeadTile(c, tile, h, t0, fused);
+    }
+    cur = 1 - cur;
+    t0 = t1;
+    t1 = t2;
+  }
+}
+
+// The accumulators back to natural dimension order (kEvenOdd kernels).
+void ToNaturalOrder(const TaskContext& c) {
+  for (int64_t r = 0; r < c.rows; ++r) {
+    float* acc = c.ws->acc + r * c.ws->dim_pad;
+    for (int64_t d0 = 0; d0 < c.ws->dim_pad; d0 += 32) {
+      float chunk[32];
+      std::memcpy(chunk, acc + d0, sizeof(chunk));
+      for (int64_t i = 0; i < 32; ++i) acc[d0 + i] = chunk[WideQIndex(i)];
+    }
+  }
+}
+
+// A split task's (m, l, acc), acc in V's units.
+void WritePartial(const TaskContext& c, float* out) {
+  const WorkerScratch& ws = *c.ws;
+  std::memcpy(out, ws.m, sizeof(float) * c.rows);
+  std::memcpy(out + c.rows, ws.l, sizeof(float) * c.rows);
+  float* acc = out + 2 * c.rows;
+  const int64_t count = c.rows * ws.dim_pad;
+  if (c.value_unit == 1.0f) {
+    std::memcpy(acc, ws.acc, sizeof(float) * count);
+  } else {
+    for (int64_t i = 0; i < count; ++i) acc[i] = ws.acc[i] * c.value_unit;
+  }
+}
+
+// The finished rows: output (and LSE) of every row the task owns.
+void WriteRows(const TaskContext& c) {
+  const AttentionProblem& pr = *c.pr;
+  const WorkerScratch& ws = *c.ws;
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const int64_t token = c.TokenOf(r);
+    const int64_t head = c.HeadOf(r);
+    const FinishedRow f = FinishRow(ws.m[r], ws.l[r], pr.sinks ? pr.sinks + head : nullptr,
+                                    pr.v_scale * c.value_unit);
+    if (pr.lse != nullptr) pr.lse[token * pr.lse_token_stride + head] = f.lse;
+    float* acc = ws.acc + r * ws.dim_pad;
+    for (int64_t d = 0; d < ws.dim_pad; d += lanes) {
+      hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), hn::Set(df, f.out_scale)), df, acc + d);
+    }
+    void* dst = static_cast<uint8_t*>(pr.out) +
+                (token * pr.out_token_stride + head * pr.out_head_stride) *
+                    static_cast<int64_t>(SizeOf(pr.q_dtype));
+    StoreRow(pr.q_dtype, dst, acc, pr.head_dim);
+  }
+}
+
+HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task,
+                          const KernelRun& run, const WorkerScratch& ws, float* partials) {
+  const TaskContext c = MakeContext(pr, task, run, ws);
+  LoadQueries(c);
+  WalkTiles(c, run.kv_block);
+  if (c.kernels->products->acc_order == AccOrder::kEvenOdd) ToNaturalOrder(c);
+  if (task.partial_offset >= 0) {
+    WritePartial(c, partials + task.partial_offset);
+  } else {
+    WriteRows(c);
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace rpa::internal
+HWY_AFTER_NAMESPACE();
+
+#endif  // RPA_SRC_KERNEL_TASK_LOOP_INL_H_

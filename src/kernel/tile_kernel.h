@@ -1,0 +1,167 @@
+// What a tile kernel is: the arguments every tile function takes (named
+// structs, shapes in brackets) and the table rows dispatch chooses from.
+//
+// A task's rows over one KV tile of n keys run the flash-attention step
+//   S = Q K^T                         (ProductKernel::logits)
+//   online softmax of S -> P, m, l    (the task loop, softmax-inl.h)
+//   acc = alpha acc + P V             (ProductKernel::pv)
+// or, for up to 4 decode rows whose keys are all visible, one fused tile
+// that keeps S and P in registers (FusedTileKernel::tile). dispatch.h says
+// which kernels a call runs; each kernel's file says what it computes.
+#ifndef RPA_SRC_KERNEL_TILE_KERNEL_H_
+#define RPA_SRC_KERNEL_TILE_KERNEL_H_
+
+#include <cstdint>
+
+#include "rpa/dtype.h"
+
+namespace rpa::internal {
+
+inline int64_t RoundUp(int64_t x, int64_t align) { return (x + align - 1) / align * align; }
+
+// head_dim padded to this in scratch: the widest vector (16 f32 / 32 bf16)
+// never needs a tail there.
+inline constexpr int64_t kDimAlign = 32;
+// The f16 query rows of the 8-bit decode tiles are padded further.
+inline constexpr int64_t kHalfDimAlign = 64;
+
+// How a kernel wants its query rows stored (QueryRows::data).
+enum class QueryFormat : uint8_t {
+  kF32,         // [rows, dim_pad] f32, zero padded.
+  kF32EvenOdd,  // [rows, dim_pad] f32, each 32 dims even then odd (WideQIndex).
+  kHalf,        // [rows, RoundUp(dim_pad, 64)] f16 scaled by a power of 2 (QRowToHalf).
+};
+inline constexpr int kNumQueryFormats = 3;
+
+// Elements of the format between query rows.
+inline int64_t QueryStride(QueryFormat format, int64_t dim_pad) {
+  return format == QueryFormat::kHalf ? RoundUp(dim_pad, kHalfDimAlign) : dim_pad;
+}
+
+// Bytes of one element of the format.
+inline int64_t QueryElemBytes(QueryFormat format) { return format == QueryFormat::kHalf ? 2 : 4; }
+
+// Where dimension d lives in a kF32EvenOdd row (and a kEvenOdd accumulator):
+// within each 32-dimension chunk, the even dimensions first, then the odd.
+inline int64_t WideQIndex(int64_t d) {
+  const int64_t i = d & 31;
+  return (d & ~int64_t{31}) + (i & 1) * 16 + (i >> 1);
+}
+
+// The order of the dimensions in the kernel's accumulator rows.
+enum class AccOrder : uint8_t { kNatural, kEvenOdd };
+
+// Query rows of one kv head for a tile kernel.
+struct QueryRows {
+  const void* data = nullptr;      // [rows, stride] in the kernel's QueryFormat.
+  int64_t stride = 0;              // Elements between rows.
+  int64_t rows = 0;
+  const float* unscale = nullptr;  // [rows] kHalf: the factor undoing the row's scale.
+};
+
+// One kv head's K or V rows of a tile: row i is base[i] + offset bytes, so
+// one pointer table (of the task's first kv head) serves every kv head.
+struct KvRows {
+  const uint8_t* const* base = nullptr;  // [count]
+  int64_t offset = 0;
+  int64_t count = 0;
+  const void* operator[](int64_t i) const { return base[i] + offset; }
+};
+
+// Prefetches the cache lines of the `bytes` bytes at p into L2.
+inline void PrefetchRow(const void* p, int64_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes) - 1) &
+                         ~uintptr_t{63};
+  for (uintptr_t line = first; line <= last; line += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
+  }
+}
+
+// Prefetches rows [t, t + n) of `rows` that exist (t < rows.count).
+inline void PrefetchRows(const KvRows& rows, int64_t t, int64_t n, int64_t bytes) {
+  for (int64_t i = t; i < t + n && i < rows.count; ++i) PrefetchRow(rows[i], bytes);
+}
+
+// A KV tile of n keys in the cache's dtype, and the next tile's rows, which
+// the kernel prefetches into L2 while it computes this one.
+struct KvTile {
+  DType dtype = DType::kF32;
+  int64_t head_dim = 0;
+  int64_t row_bytes = 0;  // head_dim * SizeOf(dtype): nothing past a row is read.
+  int64_t n = 0;
+  KvRows k, v;            // count n.
+  KvRows k_next, v_next;  // count 0: nothing to prefetch.
+};
+
+// Logits, then weights, of a block of rows: [rows, stride] f32, keys
+// [0, n) valid, the rest up to RoundUp(n, lanes) written as the kernel likes.
+struct TileLogits {
+  float* s = nullptr;
+  int64_t stride = 0;
+  int64_t rows = 0;
+};
+
+// The online-softmax state of a block of rows.
+struct SoftmaxState {
+  float* m = nullptr;    // [rows] running maximum.
+  float* l = nullptr;    // [rows] running sum of weights.
+  float* acc = nullptr;  // [rows, stride] f32, in the kernel's AccOrder.
+  int64_t stride = 0;
+};
+
+// Per-worker buffers of the products (sized by the plan, scratch.h).
+struct TileScratch {
+  int64_t dim_pad = 0;          // RoundUp(head_dim, kDimAlign): the stride of both.
+  float* packed = nullptr;      // [RoundUp(kv_block, 32), dim_pad] f32: a packed K or V tile.
+  uint16_t* kv_bf16 = nullptr;  // [token_pad, dim_pad] 8-bit K/V rows as bf16 (else null).
+  const uint8_t** converted = nullptr;  // [token_pad] pointers to kv_bf16's rows.
+};
+
+// Stores f32 query row q [dim_pad] in a kernel's format at out; returns the
+// factor that undoes any scaling (1 if none).
+using PrepareQueryRow = float (*)(DType kv_dtype, const float* q, int64_t head_dim,
+                                  int64_t dim_pad, void* out);
+
+// The unfused products of one kernel. A kernel whose e4m3_scaled is set
+// reads e4m3fn values as value * 2^-8 (kE4M3Rescale), which the task loop
+// undoes in the logit and output scales.
+struct ProductKernel {
+  const char* name;
+  QueryFormat q_format;
+  PrepareQueryRow prepare_q;  // Null for kF32.
+  AccOrder acc_order;
+  bool e4m3_scaled;
+  // s[r][i] = q_r . k_i for r < q.rows, i < tile.n.
+  void (*logits)(const QueryRows& q, const KvTile& tile, const TileLogits& s,
+                 const TileScratch& scratch);
+  // acc_r += sum_i p[r][i] v_i for r < p.rows (weights 0 at keys >= n).
+  void (*pv)(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
+             const TileScratch& scratch);
+};
+
+// A fused decode tile: logits, online-softmax update and PV of 1-4 rows of
+// one kv head over a tile of at most kFusedMaxKeys keys that every row sees
+// (no mask inside, no soft cap). Returns false with the state untouched
+// where its arithmetic cannot follow the reference (NaN, infinities, ...):
+// the next kernel in TaskKernels then takes the rows.
+inline constexpr int64_t kFusedMaxKeys = 32;
+struct FusedTileKernel {
+  const char* name;
+  QueryFormat q_format;
+  PrepareQueryRow prepare_q;
+  AccOrder acc_order;
+  bool e4m3_scaled;
+  // Groups of fewer rows than this are left to the products (too few to
+  // pay for the tile's fixed 4-row work).
+  int64_t min_rows;
+  bool (*tile)(const QueryRows& q, const KvTile& tile, float logit_scale,
+               const SoftmaxState& state);
+};
+
+// e4m3fn K/V as value * 2^-8 (see above): undone by this factor.
+inline constexpr float kE4M3Rescale = 256.0f;
+
+}  // namespace rpa::internal
+
+#endif  // RPA_SRC_KERNEL_TILE_KERNEL_H_
