@@ -15,6 +15,7 @@
 
 #include "block_sizes_internal.h"
 #include "commands.h"
+#include "kernel/dispatch.h"
 #include "rpa/rpa.h"
 #include "rpa/block_sizes.h"
 #include "synthetic_batch.h"
@@ -345,6 +346,11 @@ int RunExplain(const ExplainArgs& args) {
               static_cast<long long>(choice.sizes.num_queries_per_block), ToString(choice.source),
               static_cast<long long>(config.PagesPerSeq()));
   std::printf("why: %s\n", choice.explanation.c_str());
+  std::printf("kernels for %s K/V (tokens per tile x q heads per kv head: decode <= %lld rows, "
+              "prefill >= %lld; docs/kernel.md)\n%s",
+              std::string(ToString(config.kv_dtype)).c_str(), static_cast<long long>(internal::kMultiHeadRows),
+              static_cast<long long>(internal::kPackedMinRows),
+              internal::DescribeDispatch(config.kv_dtype).c_str());
   return 0;
 }
 

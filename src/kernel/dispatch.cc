@@ -52,4 +52,21 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
   return choice;
 }
 
+std::string DescribeDispatch(DType kv_dtype) {
+  const CpuFeatures cpu = UsableCpuFeatures();
+  AttentionProblem problem;
+  problem.kv_dtype = kv_dtype;
+  const KernelChoice plain = ChooseKernels(problem, cpu);
+  problem.soft_cap = 30.0f;
+  const KernelChoice capped = ChooseKernels(problem, cpu);
+  std::string s = "cpu features: " + cpu.ToString() + "\n";
+  for (int c = 0; c < kNumTaskClasses; ++c) {
+    const std::string a = plain.classes[c].Describe(), b = capped.classes[c].Describe();
+    s += std::string("  ") + ToString(static_cast<TaskClass>(c)) + ": " + a;
+    if (a != b) s += " (soft cap: " + b + ")";
+    s += "\n";
+  }
+  return s;
+}
+
 }  // namespace rpa::internal

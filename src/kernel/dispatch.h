@@ -50,6 +50,12 @@ struct KernelChoice {
 // The choice for this problem on a CPU with these features.
 KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& cpu);
 
+// The dispatch table's rows for K/V of kv_dtype (without and with a soft
+// cap) on this thread's usable CPU features, one line per class of task,
+// after a line naming the features: what `rpa explain` and `rpa --version`
+// print.
+std::string DescribeDispatch(DType kv_dtype);
+
 }  // namespace rpa::internal
 
 #endif  // RPA_SRC_KERNEL_DISPATCH_H_
