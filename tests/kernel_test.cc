@@ -170,7 +170,7 @@ double Tolerance(const Case& c, double reference) {
 
 // Max LSE error: f32 softmax sums (relative 1e-4, scaled like the outputs'
 // tolerance by the logits' spread), except that 8-bit float decode tiles may
-// run in f16 arithmetic (HalfDecodeTile), whose logits are off by up to
+// run in f16 arithmetic (avx512fp16_decode), whose logits are off by up to
 // ~2^-11 of their partial sums: of the LSE itself, or of sum_d |q_d k_d|
 // (~0.64 sqrt(D) LogitStd for unit-normal inputs) where terms cancel.
 double LseTolerance(const Case& c, double want) {
