@@ -283,12 +283,13 @@ INSTANTIATE_TEST_SUITE_P(Targets, KernelTargetTest,
                            return std::string(hwy::TargetName(param.param));
                          });
 
-// ---- The AVX-512 widening path (bf16 -> f32 in registers, FMA) for bf16
+// ---- The AVX-512 widening path (-> f32 in registers, FMA) for bf16, f16
 // and 8-bit float K/V (skipped where the CPU lacks AVX-512 BW).
 TEST(KernelWideTest, RandomGridMatchesReference) {
   if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   CheckGrid(79, 12 * kGridScale, {DType::kBF16});
   CheckGrid(80, 6 * kGridScale, {DType::kF8E4M3FN, DType::kF8E5M2});
+  CheckGrid(82, 6 * kGridScale, {DType::kF16});
 }
 
 // Decode batches, where the widening path takes the fused tile
@@ -301,7 +302,7 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
   if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   std::mt19937_64 rng(81);
   for (int i = 0; i < 10 * kGridScale * SoakScale(); ++i) {
-    for (DType kv : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
+    for (DType kv : {DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
       std::optional<ScopedCpuFeatureMask> no_f16;  // Odd draws: the f32 fused tile only.
       if (i % 2 != 0) no_f16.emplace(CpuFeatures{.avx512bw = true, .avx512bf16 = true});
       Case c = RandomCase(rng, kv);
@@ -472,8 +473,8 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
     DType dtype;
     bool half;
   };
-  std::vector<Tile> tiles = {{DType::kBF16, false}, {DType::kF8E4M3FN, false},
-                             {DType::kF8E5M2, false}};
+  std::vector<Tile> tiles = {{DType::kBF16, false}, {DType::kF16, false},
+                             {DType::kF8E4M3FN, false}, {DType::kF8E5M2, false}};
   if (HasAvx512Fp16()) {
     tiles.push_back({DType::kF8E4M3FN, true});
     tiles.push_back({DType::kF8E5M2, true});
@@ -757,10 +758,14 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   EXPECT_EQ(report(DType::kF32, decode, false), "decode: highway_rows");
   EXPECT_EQ(report(DType::kI8, middle, false), "middle: highway_rows");
   EXPECT_EQ(report(DType::kF16, prefill, false), "prefill: highway_packed");
+  EXPECT_EQ(report(DType::kF32, middle, false), "middle: highway_rows");
   if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   EXPECT_EQ(report(DType::kBF16, decode, false), "decode: avx512_wide_decode > avx512_wide");
   EXPECT_EQ(report(DType::kBF16, decode, true), "decode: avx512_wide");
   EXPECT_EQ(report(DType::kBF16, middle, false), "middle: avx512_wide");
+  EXPECT_EQ(report(DType::kF16, decode, false), "decode: avx512_wide_decode > avx512_wide");
+  EXPECT_EQ(report(DType::kF16, middle, false), "middle: avx512_wide");
+  EXPECT_EQ(report(DType::kI8, decode, false), "decode: highway_rows");
   EXPECT_EQ(report(DType::kF8E5M2, prefill, false), "prefill: highway_packed");
   EXPECT_EQ(report(DType::kBF16, {{1, 40}, {40, 40}}, false),
             "decode: avx512_wide_decode > avx512_wide; prefill: highway_packed");

@@ -1,5 +1,5 @@
-// The AVX-512 widening kernels: bf16 and 8-bit float (e4m3fn, e5m2) K/V
-// widened to f32 in registers, products by f32 FMA (AVX-512 F/BW/VL).
+// The AVX-512 widening kernels: bf16, f16 and 8-bit float (e4m3fn, e5m2)
+// K/V widened to f32 in registers, products by f32 FMA (AVX-512 F/BW/VL).
 //
 // Arithmetic: a 32-bit lane of 32 loaded bf16 holds elements 2i (low half)
 // and 2i + 1 (high half); a shift and a mask turn them into two f32 vectors,
@@ -7,13 +7,15 @@
 // stored in the same even/odd order (kF32EvenOdd, WideQIndex), so a dot
 // product needs nothing else, and PV accumulates in that order (kEvenOdd),
 // which the task loop undoes once per task. 8-bit floats become bf16 by two
-// vpermi2w table lookups per 32 codes (exact; e4m3fn as value * 2^-8).
+// vpermi2w table lookups per 32 codes (exact; e4m3fn as value * 2^-8); f16
+// is gathered into its even and odd halves by one vpermw and widened by
+// vcvtph2ps (exact).
 //
 // Shapes: logits of blocks of 4 rows x 4 keys (2 x 8, 1 x 16 for fewer rows,
 // so 1-2 q heads per kv head still fill 16 accumulators) reduced by one
 // transpose-and-add tree; PV over 4 rows x 64 dims per pass.
 //
-// Dispatch chooses it for bf16 and 8-bit float K/V with fewer than
+// Dispatch chooses it for bf16, f16 and 8-bit float K/V with fewer than
 // kPackedMinRows rows per kv head where the CPU has AVX-512 BW (vdpbf16ps
 // issues at half the FMA rate on the CPUs measured, docs/kernel.md), and
 // its fused tile (kAvx512WideDecode) for decode tiles of 3-8 rows.
@@ -126,6 +128,13 @@ RPA_AVX512_TARGET void Fp8RowsToBf16Impl(const Fp8Table& table, const KvRows& ro
   }
 }
 
+// How a K/V row's elements are stored.
+enum class Code : uint8_t {
+  kBf16,  // bf16: each 32-bit lane's halves are the even and odd element.
+  kFp8,   // e4m3fn or e5m2: a table lookup to bf16 first (Fp8ToBf16).
+  kF16,   // f16: even and odd halves gathered by one vpermw, then vcvtph2ps.
+};
+
 RPA_AVX512_TARGET __attribute__((always_inline)) inline void Widen(__m512i raw, __m512* even,
                                                                    __m512* odd) {
   *even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
@@ -133,18 +142,27 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline void Widen(__m512i raw, 
 }
 
 // Elements [d, d + 32) of a K/V row (masked: nothing past the row is read,
-// the tail is 0) as f32, even elements in *even and odd ones in *odd. kFp8:
-// the row holds 8-bit floats, converted in registers (Fp8ToBf16), so no
-// scratch row is written and read back.
-template <bool kFp8>
+// the tail is 0) as f32, even elements in *even and odd ones in *odd. 8-bit
+// floats and f16 are converted in registers, so no scratch row is written
+// and read back; every conversion is exact.
+template <Code kCode>
 RPA_AVX512_TARGET __attribute__((always_inline)) inline void LoadWide(const void* row, int64_t d,
                                                                       __mmask32 mask,
                                                                       const Fp8Lut& lut,
                                                                       __m512* even, __m512* odd) {
-  if constexpr (kFp8) {
+  if constexpr (kCode == Code::kFp8) {
     const __m512i x = _mm512_cvtepu8_epi16(
         _mm256_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(row) + d));
     Widen(Fp8ToBf16(x, lut), even, odd);
+  } else if constexpr (kCode == Code::kF16) {
+    const __m512i x = _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d);
+    // Word 2i of the chunk to word i, word 2i + 1 to word 16 + i.
+    const __m512i even_then_odd = _mm512_set_epi16(
+        31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
+        30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i g = _mm512_permutexvar_epi16(even_then_odd, x);
+    *even = _mm512_cvtph_ps(_mm512_castsi512_si256(g));
+    *odd = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(g, 1));
   } else {
     Widen(_mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d), even, odd);
   }
@@ -152,7 +170,7 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline void LoadWide(const void
 
 // The logits of a kRows x kTokens block (kRows * kTokens = 16) of key rows
 // k[t]: lane r * kTokens + t of the result is q_r . k_t.
-template <int kRows, int kTokens, bool kFp8>
+template <int kRows, int kTokens, Code kCode>
 RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 WideLogitsVector(
     const float* const* q, const void* const* k, int64_t head_dim, const Fp8Lut& lut) {
   static_assert(kRows * kTokens == 16);
@@ -163,7 +181,7 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 WideLogitsVector(
     const __mmask32 mask = ChunkMask(d, head_dim);
     __m512 ke[kTokens], ko[kTokens];
 #pragma GCC unroll 16
-    for (int t = 0; t < kTokens; ++t) LoadWide<kFp8>(k[t], d, mask, lut, &ke[t], &ko[t]);
+    for (int t = 0; t < kTokens; ++t) LoadWide<kCode>(k[t], d, mask, lut, &ke[t], &ko[t]);
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
       const __m512 qe = _mm512_loadu_ps(q[r] + d);
@@ -179,11 +197,11 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 WideLogitsVector(
 }
 
 // The logits of rows [r, r + kRows) x keys [t, t + kTokens) that exist.
-template <int kRows, int kTokens, bool kFp8>
+template <int kRows, int kTokens, Code kCode>
 RPA_AVX512_TARGET void WideLogitsBlock(const QueryRows& q, const KvRows& k, const KvTile& tile,
                                        int64_t r, int64_t t, const TileLogits& s,
                                        const Fp8Table* table) {
-  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
+  const Fp8Lut lut = LoadLut(kCode == Code::kFp8 ? table : nullptr);
   const void* keys[kTokens];
 #pragma GCC unroll 16
   for (int i = 0; i < kTokens; ++i) keys[i] = k[t + i < tile.n ? t + i : t];
@@ -192,7 +210,7 @@ RPA_AVX512_TARGET void WideLogitsBlock(const QueryRows& q, const KvRows& k, cons
 #pragma GCC unroll 16
   for (int i = 0; i < kRows; ++i) q_rows[i] = q0 + i * q.stride;
   StoreLogitsBlock<kRows, kTokens>(
-      WideLogitsVector<kRows, kTokens, kFp8>(q_rows, keys, tile.head_dim, lut), q.rows - r,
+      WideLogitsVector<kRows, kTokens, kCode>(q_rows, keys, tile.head_dim, lut), q.rows - r,
       tile.n - t, s.s + r * s.stride + t, s.stride);
 }
 
@@ -200,7 +218,7 @@ RPA_AVX512_TARGET void WideLogitsBlock(const QueryRows& q, const KvRows& k, cons
 // 2 x 8 or 1 x 16 keys), so that decode with 1 or 2 q heads per kv head
 // still fills all 16 accumulators. The first row block issues the next
 // tile's prefetches, a block's worth per block.
-template <bool kFp8>
+template <Code kCode>
 void WideLogitsRows(const QueryRows& q, const KvRows& k, const KvTile& tile, const TileLogits& s,
                     const Fp8Table* table) {
   const int64_t rows = q.rows, n = tile.n, bytes = tile.row_bytes;
@@ -212,18 +230,18 @@ void WideLogitsRows(const QueryRows& q, const KvRows& k, const KvTile& tile, con
   for (; r + 4 <= rows || (rows - r > 2); r += 4) {
     for (int64_t t = 0; t < n; t += 4) {
       if (r == 0) PrefetchRows(tile.k_next, t, 4, bytes);
-      WideLogitsBlock<4, 4, kFp8>(q, k, tile, r, t, s, table);
+      WideLogitsBlock<4, 4, kCode>(q, k, tile, r, t, s, table);
     }
   }
   if (rows - r == 2) {
     for (int64_t t = 0; t < n; t += 8) {
       if (r == 0) PrefetchRows(tile.k_next, t, 8, bytes);
-      WideLogitsBlock<2, 8, kFp8>(q, k, tile, r, t, s, table);
+      WideLogitsBlock<2, 8, kCode>(q, k, tile, r, t, s, table);
     }
   } else if (rows - r == 1) {
     for (int64_t t = 0; t < n; t += 16) {
       if (r == 0) PrefetchRows(tile.k_next, t, 16, bytes);
-      WideLogitsBlock<1, 16, kFp8>(q, k, tile, r, t, s, table);
+      WideLogitsBlock<1, 16, kCode>(q, k, tile, r, t, s, table);
     }
   }
 }
@@ -248,10 +266,10 @@ struct PvPass {
 // give 4 * kRows independent accumulator chains per key, enough to hide the
 // FMA latency at 4 rows. With kBlocked (4 rows) p[r][t] is lane r * 4 + t % 4
 // of block t / 4 (16 floats each), the fused decode tile's order.
-template <int kRows, int kChunks, bool kFp8, bool kBlocked>
+template <int kRows, int kChunks, Code kCode, bool kBlocked>
 RPA_AVX512_TARGET void WidePvBlock(const PvPass& a, int64_t d0, bool prefetch) {
   static_assert(!kBlocked || kRows == 4);
-  const Fp8Lut lut = LoadLut(kFp8 ? a.table : nullptr);
+  const Fp8Lut lut = LoadLut(kCode == Code::kFp8 ? a.table : nullptr);
   const float* p = a.p;
   const int64_t p_stride = a.p_stride, valid_rows = a.rows, tokens = a.n;
   const int64_t acc_stride = a.acc_stride, head_dim = a.head_dim;
@@ -279,7 +297,7 @@ RPA_AVX512_TARGET void WidePvBlock(const PvPass& a, int64_t d0, bool prefetch) {
     __m512 ve[kChunks], vo[kChunks];
 #pragma GCC unroll 2
     for (int c = 0; c < kChunks; ++c) {
-      LoadWide<kFp8>(v_rows[t], d0 + 32 * c, mask[c], lut, &ve[c], &vo[c]);
+      LoadWide<kCode>(v_rows[t], d0 + 32 * c, mask[c], lut, &ve[c], &vo[c]);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
@@ -306,15 +324,15 @@ RPA_AVX512_TARGET void WidePvBlock(const PvPass& a, int64_t d0, bool prefetch) {
 
 // One row block's PV over the whole head: chunk pairs, then a last single
 // chunk where the chunk count is odd. The first pass issues the prefetches.
-template <int kRows, bool kFp8, bool kBlocked = false>
+template <int kRows, Code kCode, bool kBlocked = false>
 void WidePvRows(const PvPass& a) {
   int64_t d = 0;
-  for (; d + 32 < a.head_dim; d += 64) WidePvBlock<kRows, 2, kFp8, kBlocked>(a, d, d == 0);
-  if (d < a.head_dim) WidePvBlock<kRows, 1, kFp8, kBlocked>(a, d, d == 0);
+  for (; d + 32 < a.head_dim; d += 64) WidePvBlock<kRows, 2, kCode, kBlocked>(a, d, d == 0);
+  if (d < a.head_dim) WidePvBlock<kRows, 1, kCode, kBlocked>(a, d, d == 0);
 }
 
 // PV of every row in blocks of 4, 2 and 1 rows; the first block prefetches.
-template <bool kFp8>
+template <Code kCode>
 void WidePvAllRows(PvPass a, int64_t rows) {
   const KvRows* pf = a.prefetch;
   if (pf != nullptr && pf->count > a.n) PrefetchRows(*pf, a.n, pf->count, a.prefetch_bytes);
@@ -329,16 +347,16 @@ void WidePvAllRows(PvPass a, int64_t rows) {
   };
   for (; r + 4 <= rows; r += 4) {
     block(4);
-    WidePvRows<4, kFp8>(a);
+    WidePvRows<4, kCode>(a);
   }
   if (rows - r >= 2) {
     block(2);
-    WidePvRows<2, kFp8>(a);
+    WidePvRows<2, kCode>(a);
     r += 2;
   }
   if (rows - r == 1) {
     block(1);
-    WidePvRows<1, kFp8>(a);
+    WidePvRows<1, kCode>(a);
   }
 }
 
@@ -350,11 +368,14 @@ inline constexpr int64_t kMaxRowsConvertingInLoops = 8;
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
+  if (tile.dtype == DType::kF16) return WideLogitsRows<Code::kF16>(q, tile.k, tile, s, nullptr);
   const Fp8Table* table = Fp8TableOf(tile.dtype);
-  if (table == nullptr) return WideLogitsRows<false>(q, tile.k, tile, s, nullptr);
-  if (q.rows <= kMaxRowsConvertingInLoops) return WideLogitsRows<true>(q, tile.k, tile, s, table);
+  if (table == nullptr) return WideLogitsRows<Code::kBf16>(q, tile.k, tile, s, nullptr);
+  if (q.rows <= kMaxRowsConvertingInLoops) {
+    return WideLogitsRows<Code::kFp8>(q, tile.k, tile, s, table);
+  }
   Fp8RowsToBf16Impl(*table, tile.k, tile.n, tile.head_dim, scratch);
-  WideLogitsRows<false>(q, KvRows{scratch.converted, 0, tile.n}, tile, s, nullptr);
+  WideLogitsRows<Code::kBf16>(q, KvRows{scratch.converted, 0, tile.n}, tile, s, nullptr);
 }
 
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
@@ -370,22 +391,23 @@ void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
   a.acc_stride = state.stride;
   a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
   a.prefetch_bytes = tile.row_bytes;
+  if (tile.dtype == DType::kF16) return WidePvAllRows<Code::kF16>(a, p.rows);
   const Fp8Table* table = Fp8TableOf(tile.dtype);
-  if (table == nullptr) return WidePvAllRows<false>(a, p.rows);
+  if (table == nullptr) return WidePvAllRows<Code::kBf16>(a, p.rows);
   if (p.rows <= kMaxRowsConvertingInLoops) {
     a.table = table;
-    return WidePvAllRows<true>(a, p.rows);
+    return WidePvAllRows<Code::kFp8>(a, p.rows);
   }
   Fp8RowsToBf16Impl(*table, tile.v, tile.n, tile.head_dim, scratch);
   a.v = KvRows{scratch.converted, 0, tile.n};
-  WidePvAllRows<false>(a, p.rows);
+  WidePvAllRows<Code::kBf16>(a, p.rows);
 }
 
-template <bool kFp8>
+template <Code kCode>
 RPA_AVX512_TARGET bool WideDecodeTileImpl(const QueryRows& q_rows, const KvTile& tile,
                                           float logit_scale, const SoftmaxState& state,
                                           const Fp8Table* table) {
-  const Fp8Lut lut = LoadLut(kFp8 ? table : nullptr);
+  const Fp8Lut lut = LoadLut(kCode == Code::kFp8 ? table : nullptr);
   const __m512 scale = _mm512_set1_ps(logit_scale);
   const int64_t rows = q_rows.rows;
   // Rows past `rows` repeat the last one; nothing of theirs is stored.
@@ -399,7 +421,7 @@ RPA_AVX512_TARGET bool WideDecodeTileImpl(const QueryRows& q_rows, const KvTile&
   DecodeTileLogits(
       tile,
       [&](const void* const* k) RPA_AVX512_TARGET {
-        return _mm512_mul_ps(WideLogitsVector<4, 4, kFp8>(q, k, tile.head_dim, lut), scale);
+        return _mm512_mul_ps(WideLogitsVector<4, 4, kCode>(q, k, tile.head_dim, lut), scale);
       },
       w, &vmax, &nan);
   DecodeTileState next;
@@ -417,15 +439,18 @@ RPA_AVX512_TARGET bool WideDecodeTileImpl(const QueryRows& q_rows, const KvTile&
   a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
   a.prefetch_bytes = tile.row_bytes;
   a.table = table;
-  WidePvRows<4, kFp8, true>(a);
+  WidePvRows<4, kCode, true>(a);
   return true;
 }
 
 bool DecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
                 const SoftmaxState& state) {
+  if (tile.dtype == DType::kF16) {
+    return WideDecodeTileImpl<Code::kF16>(q, tile, logit_scale, state, nullptr);
+  }
   const Fp8Table* table = Fp8TableOf(tile.dtype);
-  return table != nullptr ? WideDecodeTileImpl<true>(q, tile, logit_scale, state, table)
-                          : WideDecodeTileImpl<false>(q, tile, logit_scale, state, nullptr);
+  return table != nullptr ? WideDecodeTileImpl<Code::kFp8>(q, tile, logit_scale, state, table)
+                          : WideDecodeTileImpl<Code::kBf16>(q, tile, logit_scale, state, nullptr);
 }
 
 // q row -> kF32EvenOdd.

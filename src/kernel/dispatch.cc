@@ -34,7 +34,7 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
 #if defined(__x86_64__)
   const DType kv = problem.kv_dtype;
   const bool fp8 = kv == DType::kF8E4M3FN || kv == DType::kF8E5M2;
-  if (cpu.avx512bw && (kv == DType::kBF16 || fp8)) {
+  if (cpu.avx512bw && (kv == DType::kBF16 || kv == DType::kF16 || fp8)) {
     TaskKernels& decode = choice.classes[static_cast<int>(TaskClass::kDecode)];
     decode.products = &kAvx512Wide;
     choice.classes[static_cast<int>(TaskClass::kMiddle)].products = &kAvx512Wide;

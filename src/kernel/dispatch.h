@@ -5,21 +5,21 @@
 // The table (x86-64; other CPUs have only the Highway rows):
 //
 //   K/V dtype          rows/kv head  AVX-512 BW + FP16     AVX-512 BW only     neither
-//   bf16               <= 8          avx512_wide_decode    avx512_wide_decode  highway_rows
+//   bf16, f16          <= 8          avx512_wide_decode    avx512_wide_decode  highway_rows
 //                                    > avx512_wide         > avx512_wide
-//   bf16               9-31          avx512_wide           avx512_wide         highway_rows
+//   bf16, f16          9-31          avx512_wide           avx512_wide         highway_rows
 //   e4m3fn, e5m2       <= 8          avx512fp16_decode     avx512_wide_decode  highway_rows
 //                                    > avx512_wide_decode  > avx512_wide
 //                                    > avx512_wide
 //   e4m3fn, e5m2       9-31          avx512_wide           avx512_wide         highway_rows
 //   any                >= 32         highway_packed        highway_packed      highway_packed
-//   f32, f16, int8     <= 31         highway_rows          highway_rows        highway_rows
+//   f32, int8          <= 31         highway_rows          highway_rows        highway_rows
 //
 // "a > b" is a fused tile a, falling back to b on a tile it declines. The
 // fused tiles run only without a soft cap, on tiles every row sees whole.
-// Why: docs/kernel.md (the widening path beats vdpbf16ps where vdpbf16ps
-// issues at half the FMA rate, as here; packing a tile to f32 once pays
-// from 32 rows on; the f16 tile is the cheapest 8-bit decode).
+// Why: docs/kernel.md, Dispatch (the widening path beats vdpbf16ps end to
+// end on the CPUs measured; packing a tile to f32 once pays from 32 rows
+// on; the f16 tile is the cheapest 8-bit decode).
 #ifndef RPA_SRC_KERNEL_DISPATCH_H_
 #define RPA_SRC_KERNEL_DISPATCH_H_
 
