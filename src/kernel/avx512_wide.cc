@@ -322,6 +322,20 @@ RPA_AVX512_TARGET void WidePvBlock(const PvPass& a, int64_t d0, bool prefetch) {
   }
 }
 
+// A pass over the tile's V rows into the state's accumulators, prefetching
+// the next tile's; the weights, rows, alpha and table are the caller's.
+PvPass PassOver(const KvTile& tile, const SoftmaxState& state) {
+  PvPass a;
+  a.v = tile.v;
+  a.n = tile.n;
+  a.head_dim = tile.head_dim;
+  a.acc = state.acc;
+  a.acc_stride = state.stride;
+  a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
+  a.prefetch_bytes = tile.row_bytes;
+  return a;
+}
+
 // One row block's PV over the whole head: chunk pairs, then a last single
 // chunk where the chunk count is odd. The first pass issues the prefetches.
 template <int kRows, Code kCode, bool kBlocked = false>
@@ -381,16 +395,9 @@ void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& scratch) {
   if (tile.n <= 0) return;
-  PvPass a;
+  PvPass a = PassOver(tile, state);
   a.p = p.s;
   a.p_stride = p.stride;
-  a.v = tile.v;
-  a.n = tile.n;
-  a.head_dim = tile.head_dim;
-  a.acc = state.acc;
-  a.acc_stride = state.stride;
-  a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
-  a.prefetch_bytes = tile.row_bytes;
   if (tile.dtype == DType::kF16) return WidePvAllRows<Code::kF16>(a, p.rows);
   const Fp8Table* table = Fp8TableOf(tile.dtype);
   if (table == nullptr) return WidePvAllRows<Code::kBf16>(a, p.rows);
@@ -427,17 +434,10 @@ RPA_AVX512_TARGET bool WideDecodeTileImpl(const QueryRows& q_rows, const KvTile&
   DecodeTileState next;
   if (!DecodeTileSoftmax(w, tile.n, vmax, nan, rows, state.m, state.l, &next)) return false;
   next.Commit(rows, state.m, state.l);
-  PvPass a;
+  PvPass a = PassOver(tile, state);
   a.p = w;
   a.rows = rows;
-  a.v = tile.v;
-  a.n = tile.n;
-  a.head_dim = tile.head_dim;
-  a.acc = state.acc;
-  a.acc_stride = state.stride;
   a.alpha = next.alpha;
-  a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
-  a.prefetch_bytes = tile.row_bytes;
   a.table = table;
   WidePvRows<4, kCode, true>(a);
   return true;
