@@ -47,6 +47,7 @@ def test_runs_against_the_installed_package():
 
   assert _PACKAGE.startswith(os.path.realpath(sys.prefix)) or _PACKAGE.startswith(sys.prefix)
   assert "site-packages" in _PACKAGE
-  assert not _PACKAGE.startswith(_ROOT + os.sep), _PACKAGE
+  # Neither python/rpa of the clone nor a build tree's python/rpa.
+  assert not _PACKAGE.endswith(os.path.join("python", "rpa")), _PACKAGE
   assert importlib.metadata.version("rpa") == rpa.__version__
   assert not os.getcwd().startswith(_ROOT + os.sep)
