@@ -94,6 +94,10 @@ class BuildPy(build_py):
 
 setup(
     version=read_version(),
+    package_dir={"": "python"},
+    packages=["rpa"],
+    package_data={"rpa": ["py.typed"]},
+    include_package_data=False,
     ext_modules=[CMakeExtension("rpa._rpa")],
     cmdclass={"build_ext": CMakeBuild, "build_py": BuildPy},
     # setuptools' own scratch stays inside build/ (which git ignores), apart
