@@ -20,9 +20,15 @@ TEST_FUZZ_SECONDS ?= 120
 FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
 TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:Concurrency*
+# `make test-package`: the pip package and the CMake package as a user gets
+# them, in a throwaway tree. The pip build's own CMake tree (build/pip) is
+# kept between runs, so only the first run compiles the library again.
+PKG_BUILD ?= $(BUILD)/package
+# `make install PREFIX=...` (default: CMAKE_INSTALL_PREFIX, /usr/local).
+PREFIX ?=
 
-.PHONY: all setup build demo test test-cpp test-python test-asan test-tsan test-fuzz fuzz \
-	fuzz-build check-arm clean
+.PHONY: all setup build install demo test test-cpp test-python test-package test-asan test-tsan \
+	test-fuzz fuzz fuzz-build check-arm clean
 
 all: build
 
@@ -35,13 +41,17 @@ $(BUILD)/CMakeCache.txt:
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Headers, librpa.a, rpaConfig.cmake (rpa::rpa), rpa.pc, the `rpa` command.
+install: build
+	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX))
+
 demo: setup
 	$(MAKE) build
 	./$(BUILD)/rpa demo
 
 test: setup
 	$(MAKE) build
-	$(MAKE) test-cpp test-python test-asan test-tsan test-fuzz
+	$(MAKE) test-cpp test-python test-package test-asan test-tsan test-fuzz
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -49,6 +59,40 @@ test-cpp:
 # The Python package (build/python/rpa) against its reference, numpy and torch.
 test-python:
 	PYTHONPATH=$(BUILD)/python $(PYTHON) -m pytest -q tests/python
+
+# The packages, installed as a user installs them:
+# (a) pip: a wheel, then `pip install .` into a throwaway venv; `python -m rpa`
+#     (a verified example) and every Python test, torch ops included, run
+#     against the installed package from a directory outside the clone; then
+#     `pip uninstall` must remove it;
+# (b) C++: `cmake --install` of $(BUILD) into a prefix, and
+#     examples/consumer built against it with find_package(rpa) and with
+#     pkg-config, and run (it verifies a small attention result).
+PKG_VENV = $(abspath $(PKG_BUILD))/venv
+PKG_HWY_TARGETS = $(shell sed -n 's/^RPA_HWY_TARGETS:STRING=//p' $(BUILD)/CMakeCache.txt)
+test-package: build
+	rm -rf $(PKG_BUILD)
+	$(PYTHON) -m venv --system-site-packages $(PKG_VENV)
+	RPA_CMAKE_ARGS='-DRPA_HWY_TARGETS=$(PKG_HWY_TARGETS)' CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
+	  $(PKG_VENV)/bin/pip wheel -q --no-build-isolation --no-index --no-deps -w $(PKG_BUILD)/dist .
+	RPA_CMAKE_ARGS='-DRPA_HWY_TARGETS=$(PKG_HWY_TARGETS)' CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
+	  $(PKG_VENV)/bin/pip install -q --no-build-isolation --no-index .
+	@set -e; outside=$$(mktemp -d); trap 'rm -rf "$$outside"' EXIT; cd "$$outside"; \
+	  echo "test-package: in $$outside"; \
+	  $(PKG_VENV)/bin/python -m rpa; \
+	  RPA_TEST_INSTALLED=1 $(PKG_VENV)/bin/python -m pytest -q -p no:cacheprovider $(CURDIR)/tests/python; \
+	  $(PKG_VENV)/bin/pip uninstall -q -y rpa; \
+	  if $(PKG_VENV)/bin/python -c "import rpa" 2>/dev/null; then \
+	    echo "test-package: rpa still importable after pip uninstall"; exit 1; fi; \
+	  $(PKG_VENV)/bin/pip install -q --no-index --no-deps $(abspath $(PKG_BUILD))/dist/rpa-*.whl; \
+	  $(PKG_VENV)/bin/python -c "import rpa, torch; print('test-package: wheel', rpa.__version__, \
+	    torch.ops.rpa.ragged_paged_attention.default.name())"
+	cmake --install $(BUILD) --prefix $(PKG_BUILD)/prefix > /dev/null
+	cmake -S examples/consumer -B $(PKG_BUILD)/consumer -DCMAKE_PREFIX_PATH=$(abspath $(PKG_BUILD))/prefix \
+	  > /dev/null
+	cmake --build $(PKG_BUILD)/consumer -j $(JOBS) > /dev/null
+	./$(PKG_BUILD)/consumer/rpa_consumer
+	./examples/consumer/build_with_pkg_config.sh $(PKG_BUILD)/prefix $(PKG_BUILD)/consumer-pkg-config
 
 # The whole C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan:

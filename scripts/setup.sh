@@ -9,6 +9,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev
   clang libclang-rt-14-dev
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
+  python3-venv python3-pip python3-setuptools python3-wheel
 )
 
 missing=()

@@ -30,7 +30,7 @@ std::string Plan::DescribeKernels() const {
 }
 
 TileSizes ChooseTileSizes(const AttentionProblem& problem) {
-  // Sizes the caller left out come from the block-size chooser (SPEC §4:
+  // Sizes the caller left out come from the block-size chooser (docs/contract.md §4:
   // tuned table, nearest entry, or the cache heuristic), which also fits
   // them into vmem_limit_bytes.
   // A caller who fixed one size gets the other refitted around it: the

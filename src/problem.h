@@ -80,7 +80,7 @@ struct AttentionProblem {
   int32_t PageIndex(int64_t seq, int64_t column) const {
     return page_indices[seq * page_indices_row_stride + column];
   }
-  // Whether fully masked key blocks may be skipped (SPEC §1): their weight is
+  // Whether fully masked key blocks may be skipped (docs/contract.md §1): their weight is
   // then exactly 0 in f32.
   bool MaskedKeysVanish() const { return mask_value <= -1e4f; }
 };

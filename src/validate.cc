@@ -1,4 +1,4 @@
-// Every check of SPEC §3, in JAX's order where JAX has the check. Each
+// Every check of docs/contract.md §3, in JAX's order where JAX has the check. Each
 // message names the argument and its value in Python's `name=value`
 // spelling, then says how to fix it.
 #include "rpa/validate.h"

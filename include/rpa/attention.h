@@ -1,4 +1,4 @@
-// Entry points of ragged paged attention (SPEC §1, §2).
+// Entry points of ragged paged attention (docs/contract.md §1, §2).
 //
 // Every entry point validates its inputs first (rpa/validate.h) and throws
 // rpa::Error before writing anything; on success `out` holds the attention
@@ -13,7 +13,7 @@
 
 namespace rpa {
 
-// How separate K and V caches lay out their pages (SPEC §2).
+// How separate K and V caches lay out their pages (docs/contract.md §2).
 enum class KVLayout {
   kNHD,  // [num_pages, page_size, num_kv_heads, head_dim] (vLLM, FlashInfer).
   kHND,  // [num_pages, num_kv_heads, page_size, head_dim] (FlashInfer).

@@ -1,4 +1,4 @@
-// Block sizes that pick themselves (SPEC §4): a tuned table, the nearest
+// Block sizes that pick themselves (docs/contract.md §4): a tuned table, the nearest
 // tuned entry, or a heuristic from this CPU's caches, always clamped to
 // [1, pages_per_seq] so an automatic choice can never be rejected.
 #ifndef RPA_BLOCK_SIZES_H_
@@ -12,7 +12,7 @@
 
 namespace rpa {
 
-// The table key (SPEC §4). max_model_len = page_size * pages_per_seq.
+// The table key (docs/contract.md §4). max_model_len = page_size * pages_per_seq.
 struct BlockSizeConfig {
   DType q_dtype = DType::kBF16;
   DType kv_dtype = DType::kBF16;

@@ -1,4 +1,4 @@
-// Options of ragged paged attention (SPEC §1). An empty optional means
+// Options of ragged paged attention (docs/contract.md §1). An empty optional means
 // "not given", exactly like JAX's None.
 #ifndef RPA_OPTIONS_H_
 #define RPA_OPTIONS_H_
@@ -25,7 +25,7 @@ struct AttentionOptions {
   std::optional<double> mask_value;       // Added to masked logits.
   std::optional<double> k_scale;          // Stored K is multiplied by it.
   std::optional<double> v_scale;          // Stored V is multiplied by it.
-  // Tile sizes; none = chosen by the library (SPEC §4).
+  // Tile sizes; none = chosen by the library (docs/contract.md §4).
   std::optional<int64_t> num_kv_pages_per_block;
   std::optional<int64_t> num_queries_per_block;
   // On CPU: the budget in bytes for one worker's scratch tiles.
@@ -34,7 +34,7 @@ struct AttentionOptions {
   // every core.
   std::optional<int> num_threads;
 
-  // Beyond JAX (SPEC §1 conventions).
+  // Beyond JAX (docs/contract.md §1 conventions).
   // f32 [num_q_heads]: attention sinks, one raw logit per q head that joins
   // each row's softmax denominator only (no value, no sm_scale, no soft cap).
   std::optional<TensorView> sinks;

@@ -1,5 +1,5 @@
 // The reference implementation: the oracle every other path is tested
-// against (SPEC §1). One sequence at a time, f64 accumulation, no tiling;
+// against (docs/contract.md §1). One sequence at a time, f64 accumulation, no tiling;
 // validates exactly as the fast entry points do. Slow by design.
 #ifndef RPA_REFERENCE_H_
 #define RPA_REFERENCE_H_

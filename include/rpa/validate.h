@@ -1,6 +1,6 @@
 // Input validation, callable on its own as JAX's static_validate_inputs /
 // dynamic_validate_inputs are. Every entry point runs both (and checks its
-// output view) before it writes anything. Messages: SPEC §3.
+// output view) before it writes anything. Messages: docs/contract.md §3.
 #ifndef RPA_VALIDATE_H_
 #define RPA_VALIDATE_H_
 

@@ -37,6 +37,11 @@ The functions:
 Beyond JAX's arguments, keyword-only: `kv_layout`, `kv_dtype` (a uint8 cache
 of float8 codes, since NumPy has no float8), `sinks`, `return_lse`,
 `num_threads`, `out`.
+
+torch operators: `torch.ops.rpa.ragged_paged_attention` (and `.out`),
+`ragged_paged_attention_with_lse`, `reshape_and_cache` and `merge_states`
+(rpa.torch), registered as soon as torch is imported, before or after rpa;
+`import rpa` never imports torch itself.
 """
 
 from ._rpa import __version__, build_info
@@ -56,6 +61,61 @@ from ._api import (
     ref_ragged_paged_attention,
     static_validate_inputs,
 )
+
+
+
+def _register_torch_ops():
+  """Imports rpa.torch, which defines torch.ops.rpa.*; a failure (an old
+  torch) is a warning, never an error of `import rpa` or `import torch`."""
+  try:
+    import importlib
+
+    importlib.import_module(__name__ + ".torch")
+  except Exception as e:  # noqa: BLE001
+    import warnings
+
+    warnings.warn(f"rpa: torch.ops.rpa is not registered: {type(e).__name__}: {e}")
+
+
+class _TorchImportHook:
+  """A sys.meta_path finder that waits for `import torch`: it lets the usual
+  finders locate torch and registers rpa's operators once torch's module has
+  executed. Removes itself at once, so it runs at most one time."""
+
+  @classmethod
+  def find_spec(cls, name, path=None, target=None):
+    if name != "torch":
+      return None
+    import sys
+
+    if cls in sys.meta_path:
+      sys.meta_path.remove(cls)
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    loader = getattr(spec, "loader", None)
+    if loader is None or not hasattr(loader, "exec_module"):
+      return spec
+    exec_module = loader.exec_module
+
+    def exec_then_register(module):
+      exec_module(module)
+      _register_torch_ops()
+
+    loader.exec_module = exec_then_register
+    return spec
+
+
+def _torch_ops_when_torch_loads():
+  import sys
+
+  if "torch" in sys.modules:
+    _register_torch_ops()
+  elif _TorchImportHook not in sys.meta_path:
+    sys.meta_path.insert(0, _TorchImportHook)
+
+
+_torch_ops_when_torch_loads()
 
 __all__ = [
     "DEFAULT_MASK_VALUE",

@@ -4,7 +4,7 @@ Every function here is a thin layer over the C++ library (the `_rpa`
 extension): it normalizes the Python-level arguments (a `(k_pages, v_pages)`
 pair, lists given for arrays), allocates the output like `q`, and lets the
 library validate and compute. All checks, and every error message, are the
-library's (SPEC §3), so Python and C++ callers read the same text.
+library's (docs/contract.md §3), so Python and C++ callers read the same text.
 """
 
 from __future__ import annotations
@@ -679,7 +679,7 @@ def dequantize(codes, dtype, scale: float | None = None):
   return values
 
 
-# Block sizes (SPEC §4): the chooser behind num_kv_pages_per_block=None /
+# Block sizes (docs/contract.md §4): the chooser behind num_kv_pages_per_block=None /
 # num_queries_per_block=None.
 
 

@@ -100,7 +100,7 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   if (std::isnan(m_old) || !hn::AllFalse(df, hn::MaskFromVec(vnan)) ||
       m_new == std::numeric_limits<float>::infinity()) {
     // A NaN logit, or a +inf one (exp(inf - inf)), makes the row NaN in the
-    // reference (SPEC §1: NaN in valid data propagates): poison the state;
+    // reference (docs/contract.md §1: NaN in valid data propagates): poison the state;
     // m stays NaN, so later tiles come here too, and the output is NaN.
     for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;
     *m = std::numeric_limits<float>::quiet_NaN();
@@ -117,7 +117,7 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
     // mask_value, -inf here too) or, with masked keys vanishing, when a
     // visible key was in the tile and either mask_value is -inf or the row
     // masks no key at all. (Otherwise a finite mask_value <= -1e4 makes the
-    // reference weigh the masked keys instead; those may be skipped, SPEC §1.)
+    // reference weigh the masked keys instead; those may be skipped, docs/contract.md §1.)
     const int64_t first = sp.window > 0 ? std::max(t0, pos - sp.window + 1) : t0;
     const bool visible = std::min(t0 + n - 1, pos) >= first;
     const bool masks_none = pos == kv_len - 1 && (sp.window == 0 || sp.window > pos);

@@ -9,7 +9,7 @@ import numpy as np
 
 DEFAULT_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
-# SPEC §1: fast path vs reference, by KV dtype.
+# docs/contract.md §1: fast path vs reference, by KV dtype.
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2, "int8": 5e-2}
 
 

@@ -1,4 +1,4 @@
-"""Every SPEC §3 message reaches Python verbatim as a ValueError (rpa.Error),
+"""Every docs/contract.md §3 message reaches Python verbatim as a ValueError (rpa.Error),
 from the call and from the validate functions, and nothing is written first.
 
 The expected texts are the library's (src/validate.cc): JAX's sentence, then

@@ -4,7 +4,7 @@ and the fused KV write (ragged_paged_attention_with_kv_write).
 
 Each is checked against the library's reference and against an independent
 NumPy computation: float8 codes are decoded here from their bit fields, the
-fused write's slots are computed here from SPEC §1's positions."""
+fused write's slots are computed here from docs/contract.md §1's positions."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from rpa_testing import cdiv, make_batch, max_abs_diff, numpy_ref, to_numpy
 FP8 = ["float8_e4m3fn", "float8_e5m2"]
 QUANTIZED = FP8 + ["int8"]
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "float8_e4m3fn": 5e-2, "float8_e5m2": 5e-2,
-             "int8": 5e-2}  # SPEC §1: fast path vs reference.
+             "int8": 5e-2}  # docs/contract.md §1: fast path vs reference.
 MIXED = [(1, 9), (5, 13), (7, 7), (1, 1), (3, 30)]  # decode, chunked, full prefill.
 
 
@@ -458,7 +458,7 @@ def test_merge_states_empty_rows_and_errors(rng):
 
 
 def expected_write(cache, new_k, new_v, kv_lens, page_indices, cu_q_lens, num_seqs, store):
-  """SPEC §1's slots, computed here: position kv_len - q_len + j of sequence i
+  """docs/contract.md §1's slots, computed here: position kv_len - q_len + j of sequence i
   takes row cu_q_lens[i] + j. `store(rows, which)` converts rows of new_k
   (which=0) or new_v (which=1) to the cache's bytes. Returns the written
   cache and a mask of the slots written."""
