@@ -21,15 +21,15 @@
 #include "rpa/options.h"
 #include "rpa/reference.h"
 #include "rpa/tensor.h"
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
 
 namespace rpa {
 namespace {
 
-using tools::BatchSpec;
-using tools::MakeSyntheticBatch;
-using tools::SequenceShape;
-using tools::SyntheticBatch;
+using testing::BatchSpec;
+using testing::MakeSyntheticBatch;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
 
 bool IsQuantized(DType dtype) {
   return dtype == DType::kF8E4M3FN || dtype == DType::kF8E5M2 || dtype == DType::kI8;
@@ -247,7 +247,7 @@ struct LayoutCase {
   int64_t page_size;
 };
 
-class LayoutTest : public testing::TestWithParam<LayoutCase> {};
+class LayoutTest : public ::testing::TestWithParam<LayoutCase> {};
 
 AttentionOptions OptionsFor(DType kv_dtype, int64_t head_dim) {
   AttentionOptions options;
@@ -365,8 +365,8 @@ const LayoutCase kLayoutCases[] = {
     {"q_f32_kv_bf16_h1x1_d7_ps2", DType::kF32, DType::kBF16, 1, 1, 7, 2},
 };
 
-INSTANTIATE_TEST_SUITE_P(Layouts, LayoutTest, testing::ValuesIn(kLayoutCases),
-                         [](const testing::TestParamInfo<LayoutCase>& param_info) {
+INSTANTIATE_TEST_SUITE_P(Layouts, LayoutTest, ::testing::ValuesIn(kLayoutCases),
+                         [](const ::testing::TestParamInfo<LayoutCase>& param_info) {
                            return std::string(param_info.param.name);
                          });
 
@@ -385,7 +385,7 @@ struct PagedCase {
   const char* megacore_mode;  // nullptr: none.
 };
 
-class PagedAttentionTest : public testing::TestWithParam<PagedCase> {};
+class PagedAttentionTest : public ::testing::TestWithParam<PagedCase> {};
 
 // A decode batch built twice from the same K/V: JAX's paged layout
 // (k_pages [num_kv_heads, total_num_pages, page_size, head_dim]) for
@@ -520,8 +520,8 @@ const PagedCase kPagedCases[] = {
      "batch"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Decode, PagedAttentionTest, testing::ValuesIn(kPagedCases),
-                         [](const testing::TestParamInfo<PagedCase>& param_info) {
+INSTANTIATE_TEST_SUITE_P(Decode, PagedAttentionTest, ::testing::ValuesIn(kPagedCases),
+                         [](const ::testing::TestParamInfo<PagedCase>& param_info) {
                            return std::string(param_info.param.name);
                          });
 
@@ -545,7 +545,7 @@ struct RandomCase {
   }
 };
 
-class RandomBatchTest : public testing::TestWithParam<RandomCase> {};
+class RandomBatchTest : public ::testing::TestWithParam<RandomCase> {};
 
 // Random sequence shapes: decode, chunked prefill, prefill, q_len 0 and
 // empty sequences, sized so the reference stays fast.
@@ -663,8 +663,8 @@ std::vector<RandomCase> RandomCases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ragged, RandomBatchTest, testing::ValuesIn(RandomCases()),
-                         [](const testing::TestParamInfo<RandomCase>& param_info) {
+INSTANTIATE_TEST_SUITE_P(Ragged, RandomBatchTest, ::testing::ValuesIn(RandomCases()),
+                         [](const ::testing::TestParamInfo<RandomCase>& param_info) {
                            return param_info.param.Name();
                          });
 

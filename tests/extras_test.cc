@@ -8,14 +8,14 @@
 #include <vector>
 
 #include "rpa/rpa.h"
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
 
 namespace rpa {
 namespace {
 
-using tools::BatchSpec;
-using tools::MakeSyntheticBatch;
-using tools::SyntheticBatch;
+using testing::BatchSpec;
+using testing::MakeSyntheticBatch;
+using testing::SyntheticBatch;
 
 // A tiny f32 problem with explicit keys and values: one sequence of kv_len
 // keys, its last q_len tokens as queries, one q head and one kv head,
@@ -296,7 +296,7 @@ TEST_P(KVWrite, WritesTheLastQLenPositionsThenAttends) {
   RefRaggedPagedAttention(batch.Q(), TensorView(cache_view), batch.KvLens(), batch.PageIndices(),
                           batch.CuQLens(), batch.NumSeqs(), options, batch.OutView(expected_out));
   const double tolerance = spec.kv_dtype == DType::kF32 ? 1e-5 : spec.kv_dtype == DType::kBF16 ? 1e-2 : 5e-2;
-  EXPECT_LE(tools::MaxAbsDifference(batch, out, expected_out), tolerance);
+  EXPECT_LE(testing::MaxAbsDifference(batch, out, expected_out), tolerance);
 }
 
 TEST_P(KVWrite, BadPageIndexTouchesNothing) {

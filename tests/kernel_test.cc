@@ -21,16 +21,16 @@
 #include "reference_impl.h"
 #include "rpa/dtype.h"
 #include "rpa/rpa.h"
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
 #include "thread_pool.h"
 #include "validate_internal.h"
 
 namespace rpa::internal {
 namespace {
 
-using tools::BatchSpec;
-using tools::SequenceShape;
-using tools::SyntheticBatch;
+using testing::BatchSpec;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
 
 // Sanitizer builds run a smaller grid (same features, fewer draws).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -246,7 +246,7 @@ void CheckGrid(uint64_t seed, int cases, std::initializer_list<DType> kv_dtypes)
   for (int i = 0; i < cases; ++i) {
     for (DType kv : kv_dtypes) {
       const Case c = RandomCase(rng, kv);
-      const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+      const SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
       const Outputs ref = RunCase(c, b, /*fast=*/false);
       const Outputs fast = RunCase(c, b, /*fast=*/true);
       ExpectClose(c, b, fast, ref);
@@ -321,7 +321,7 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
       for (SequenceShape& q : c.spec.sequences) q.q_len = std::min(q.kv_len, queries);
       c.spec.max_num_batched_tokens = std::max<int64_t>(1, queries * c.spec.max_num_seqs);
       if (i % 3 != 0) c.options.soft_cap.reset();
-      const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+      const SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
       ExpectClose(c, b, RunCase(c, b, /*fast=*/true), RunCase(c, b, /*fast=*/false));
       AllowHalfDecode(true);
       if (::testing::Test::HasFailure()) return;
@@ -749,7 +749,7 @@ Case Fixed(std::vector<SequenceShape> seqs, DType kv, int threads) {
 }
 
 void CheckCase(const Case& c) {
-  const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+  const SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
   ExpectClose(c, b, RunCase(c, b, true), RunCase(c, b, false));
 }
 
@@ -851,7 +851,7 @@ TEST(KernelTest, BitIdenticalAcrossRuns) {
     c.options.num_queries_per_block.reset();
     for (int threads = 1; threads <= 4; ++threads) {
       c.threads = threads;
-      const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+      const SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
       const Outputs first = RunCase(c, b, true);
       for (int repeat = 0; repeat < 2; ++repeat) {
         EXPECT_EQ(RunCase(c, b, true).out, first.out) << c.Name();

@@ -740,12 +740,12 @@ struct DTypePair {
   DType kv;
 };
 
-std::string PairName(const testing::TestParamInfo<DTypePair>& param_info) {
+std::string PairName(const ::testing::TestParamInfo<DTypePair>& param_info) {
   return "q_" + std::string(ToString(param_info.param.q)) + "_kv_" +
          std::string(ToString(param_info.param.kv));
 }
 
-class ReferenceDTypeTest : public testing::TestWithParam<DTypePair> {};
+class ReferenceDTypeTest : public ::testing::TestWithParam<DTypePair> {};
 
 // Inputs exactly representable in every dtype (int8 through the scales), so
 // the hand value is exact up to the output's rounding. Two sequences, GQA 2:1,
@@ -825,7 +825,7 @@ std::vector<DTypePair> AllPairs() {
   return pairs;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllDTypes, ReferenceDTypeTest, testing::ValuesIn(AllPairs()), PairName);
+INSTANTIATE_TEST_SUITE_P(AllDTypes, ReferenceDTypeTest, ::testing::ValuesIn(AllPairs()), PairName);
 
 }  // namespace
 }  // namespace rpa

@@ -19,15 +19,15 @@
 #include "rpa/error.h"
 #include "rpa/kv_cache.h"
 #include "rpa/reference.h"
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
 
 namespace rpa {
 namespace {
 
-using tools::BatchSpec;
-using tools::MakeSyntheticBatch;
-using tools::SequenceShape;
-using tools::SyntheticBatch;
+using testing::BatchSpec;
+using testing::MakeSyntheticBatch;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
 
 constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
@@ -164,10 +164,10 @@ TEST(RobustnessTest, PageIndicesBeyondKvLenAreNeverRead) {
                           b.NumSeqs(), {}, b.OutView(ref));
   for (const Call& call : RaggedCalls()) {
     call.run(b, {}, b.OutView(out));
-    EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << call.name;
+    EXPECT_LE(testing::MaxAbsDifference(b, out, ref), 1e-5) << call.name;
   }
   RunPaged(b, {}, b.OutView(out));
-  EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << "paged";
+  EXPECT_LE(testing::MaxAbsDifference(b, out, ref), 1e-5) << "paged";
 }
 
 // ---- Lengths that would overflow 32-bit size arithmetic.
@@ -221,7 +221,7 @@ TEST(RobustnessTest, CuQLensBeyondQRowsIsRejected) {
                         Edit{1, kInt32Min, ErrorKind::kMetadata},
                         Edit{0, -1, ErrorKind::kMetadata},
                         Edit{0, kInt32Min, ErrorKind::kMetadata}}) {
-    SCOPED_TRACE(testing::Message() << "cu_q_lens[" << e.index << "]=" << e.value);
+    SCOPED_TRACE(::testing::Message() << "cu_q_lens[" << e.index << "]=" << e.value);
     SyntheticBatch b = base;
     b.cu_q_lens[e.index] = e.value;
     ExpectRaggedRejected(b, e.kind, "cu_q_lens");
@@ -255,7 +255,7 @@ TEST(RobustnessTest, HugeTileOptionsAreRejectedOrHarmless) {
                           b.NumSeqs(), {}, b.OutView(ref));
   for (int64_t q_block : {int64_t{1}, int64_t{7}, int64_t{4096}}) {
     for (int64_t vmem : {int64_t{1}, std::numeric_limits<int64_t>::max()}) {
-      SCOPED_TRACE(testing::Message() << q_block << " " << vmem);
+      SCOPED_TRACE(::testing::Message() << q_block << " " << vmem);
       AttentionOptions o;
       o.num_queries_per_block = q_block;
       o.vmem_limit_bytes = vmem;
@@ -263,7 +263,7 @@ TEST(RobustnessTest, HugeTileOptionsAreRejectedOrHarmless) {
       std::vector<uint8_t> out = b.NewOutput();
       for (const Call& call : RaggedCalls()) {
         call.run(b, o, b.OutView(out));
-        EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << call.name;
+        EXPECT_LE(testing::MaxAbsDifference(b, out, ref), 1e-5) << call.name;
       }
     }
   }
@@ -281,7 +281,7 @@ TEST(RobustnessTest, F5_HugeNumQueriesPerBlockIsHarmless) {
     o.num_queries_per_block = q_block;
     RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
                          b.NumSeqs(), o, b.OutView(out));
-    EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << q_block;
+    EXPECT_LE(testing::MaxAbsDifference(b, out, ref), 1e-5) << q_block;
   }
 }
 
@@ -390,7 +390,7 @@ TEST(RobustnessTest, F3_InfQueryUnderSoftCapLikeTheReference) {
                           b.NumSeqs(), o, b.OutView(ref));
   RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
                        b.NumSeqs(), o, b.OutView(out));
-  EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-2);
+  EXPECT_LE(testing::MaxAbsDifference(b, out, ref), 1e-2);
 }
 
 // Finding F7 (closed: the skip rule, SPEC §1): +inf and -inf in one q row
@@ -487,7 +487,7 @@ TEST(RobustnessTest, F2_SlidingWindowBeyondInt32MasksNothing) {
     o.sliding_window = w;
     RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
                          b.NumSeqs(), o, b.OutView(out));
-    EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << "sliding_window=" << w;
+    EXPECT_LE(testing::MaxAbsDifference(b, out, ref), 1e-5) << "sliding_window=" << w;
   }
 }
 

@@ -12,12 +12,24 @@
 
 #include "commands.h"
 #include "rpa/rpa.h"
-#include "machine.h"
-#include "synthetic_batch.h"
-#include "workloads.h"
+#include "testing/machine.h"
+#include "testing/synthetic_batch.h"
+#include "testing/workloads.h"
 
 namespace rpa::tools {
 namespace {
+
+using testing::BatchSpec;
+using testing::CountWork;
+using testing::HigherLimits;
+using testing::MachineLimits;
+using testing::MakeSyntheticBatch;
+using testing::MaxAbsDifference;
+using testing::MeasureMachine;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
+using testing::ToleranceRatio;
+using testing::WorkCount;
 
 struct DemoArgs {
   int64_t num_q_heads = 32;

@@ -1,11 +1,11 @@
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 
-namespace rpa::tools {
+namespace rpa::testing {
 namespace {
 
 void FillNormal(std::vector<uint8_t>& buffer, DType dtype, int64_t count, std::mt19937_64& rng) {
@@ -146,4 +146,4 @@ double ToleranceRatio(const SyntheticBatch& batch, const std::vector<uint8_t>& a
   return worst;
 }
 
-}  // namespace rpa::tools
+}  // namespace rpa::testing

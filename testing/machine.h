@@ -4,15 +4,15 @@
 // them, each on one thread and on
 // `threads` threads at once. `rpa bench` reports its workloads as fractions
 // of these; `rpa demo` can print its speed against them.
-#ifndef RPA_TOOLS_MACHINE_H_
-#define RPA_TOOLS_MACHINE_H_
+#ifndef RPA_TESTING_MACHINE_H_
+#define RPA_TESTING_MACHINE_H_
 
 #include <cstddef>
 #include <cstdint>
 
 #include "rpa/dtype.h"
 
-namespace rpa::tools {
+namespace rpa::testing {
 
 struct MachineLimits {
   int threads = 1;          // The "all threads" count measured.
@@ -60,6 +60,6 @@ struct HugeBuffer {
 
 int64_t LastLevelCacheBytes();
 
-}  // namespace rpa::tools
+}  // namespace rpa::testing
 
-#endif  // RPA_TOOLS_MACHINE_H_
+#endif  // RPA_TESTING_MACHINE_H_
