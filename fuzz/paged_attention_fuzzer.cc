@@ -292,7 +292,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const double tol = KvTolerance(c.kv_dtype);
   const std::string diff = CompareOutputs(out, want, c.batch * c.q_heads * c.head_dim, tol,
-                                          OutputUlp(c.q_dtype) + tol / 10, "out");
+                                          RelTolerance(c.q_dtype, c.kv_dtype), "out");
   if (!diff.empty()) Fail("result differs from the reference: " + diff + "\n  " + c.Describe());
   return 0;
 }

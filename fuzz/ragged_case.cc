@@ -507,6 +507,6 @@ void CallRagged(const RaggedCase& c, bool reference, const AttentionOptions& opt
 }
 
 double AbsTolerance(const RaggedCase& c) { return KvTolerance(c.kv_dtype); }
-double RelTolerance(const RaggedCase& c) { return OutputUlp(c.q_dtype) + KvTolerance(c.kv_dtype) / 10; }
+double RelTolerance(const RaggedCase& c) { return RelTolerance(c.q_dtype, c.kv_dtype); }
 
 }  // namespace rpa::fuzz

@@ -68,8 +68,9 @@ double MaxAbsDifference(const SyntheticBatch& batch, const std::vector<uint8_t>&
                         const std::vector<uint8_t>& b);
 
 // Max over elements of |a - b| / (tolerance + one unit in the last place of
-// the output dtype at |b|): <= 1 when a agrees with the reference b within
-// SPEC §1's tolerance, allowing each side's final rounding to q's dtype
+// the output dtype at |b|, OutputUlp in testing/tolerance.h, f32 outputs
+// included): <= 1 when a agrees with the reference b within SPEC §1's
+// tolerance (KvTolerance), allowing each side's final rounding to q's dtype
 // (one bf16 ulp at 2.0 is 0.0156). NaN if either holds a NaN.
 double ToleranceRatio(const SyntheticBatch& batch, const std::vector<uint8_t>& a,
                       const std::vector<uint8_t>& b, double tolerance);

@@ -22,6 +22,7 @@
 #include "rpa/reference.h"
 #include "rpa/tensor.h"
 #include "testing/synthetic_batch.h"
+#include "testing/tolerance.h"
 
 namespace rpa {
 namespace {
@@ -30,21 +31,10 @@ using testing::BatchSpec;
 using testing::MakeSyntheticBatch;
 using testing::SequenceShape;
 using testing::SyntheticBatch;
+using testing::Tolerance;  // SPEC §1 for the K/V dtype, plus the output's rounding.
 
 bool IsQuantized(DType dtype) {
   return dtype == DType::kF8E4M3FN || dtype == DType::kF8E5M2 || dtype == DType::kI8;
-}
-
-// SPEC §1's tolerance for the KV dtype, plus one unit in the last place of
-// the output's dtype (both sides round their result to it).
-double Tolerance(DType q_dtype, DType kv_dtype, double reference_value) {
-  double kv = 5e-2;
-  if (kv_dtype == DType::kF32) kv = 1e-5;
-  if (kv_dtype == DType::kBF16 || kv_dtype == DType::kF16) kv = 1e-2;
-  double ulp = 0.0;
-  if (q_dtype == DType::kBF16) ulp = std::ldexp(1.0, -7);
-  if (q_dtype == DType::kF16) ulp = std::ldexp(1.0, -10);
-  return kv + ulp * std::fabs(reference_value);
 }
 
 // An output of shape [num_tokens, num_heads, head_dim] in `dtype`, stored

@@ -9,6 +9,7 @@
 
 #include "rpa/rpa.h"
 #include "testing/synthetic_batch.h"
+#include "testing/tolerance.h"
 
 namespace rpa {
 namespace {
@@ -295,8 +296,8 @@ TEST_P(KVWrite, WritesTheLastQLenPositionsThenAttends) {
   std::vector<uint8_t> expected_out = batch.NewOutput();
   RefRaggedPagedAttention(batch.Q(), TensorView(cache_view), batch.KvLens(), batch.PageIndices(),
                           batch.CuQLens(), batch.NumSeqs(), options, batch.OutView(expected_out));
-  const double tolerance = spec.kv_dtype == DType::kF32 ? 1e-5 : spec.kv_dtype == DType::kBF16 ? 1e-2 : 5e-2;
-  EXPECT_LE(testing::MaxAbsDifference(batch, out, expected_out), tolerance);
+  EXPECT_LE(testing::MaxAbsDifference(batch, out, expected_out),
+            testing::KvTolerance(spec.kv_dtype));
 }
 
 TEST_P(KVWrite, BadPageIndexTouchesNothing) {

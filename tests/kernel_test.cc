@@ -22,6 +22,7 @@
 #include "rpa/dtype.h"
 #include "rpa/rpa.h"
 #include "testing/synthetic_batch.h"
+#include "testing/tolerance.h"
 #include "thread_pool.h"
 #include "validate_internal.h"
 
@@ -152,14 +153,9 @@ double LogitStd(const Case& c) {
 // values).
 double Tolerance(const Case& c, double reference) {
   const BatchSpec& s = c.spec;
-  double kv = 1e-5;
-  if (s.kv_dtype == DType::kBF16 || s.kv_dtype == DType::kF16) kv = 1e-2;
-  if (SizeOf(s.kv_dtype) == 1) kv = 5e-2;
-  kv *= c.options.v_scale.value_or(1.0) * std::max(1.0, LogitStd(c) / 4.0);
-  double out_ulp = 0.0;
-  if (s.q_dtype == DType::kBF16) out_ulp = std::ldexp(1.0, -7);
-  if (s.q_dtype == DType::kF16) out_ulp = std::ldexp(1.0, -10);
-  return kv + out_ulp * std::fabs(reference) * 1.01;
+  const double kv = testing::KvTolerance(s.kv_dtype) * c.options.v_scale.value_or(1.0) *
+                    std::max(1.0, LogitStd(c) / 4.0);
+  return kv + testing::OutputRounding(s.q_dtype, reference) * 1.01;
 }
 
 // Max LSE error: f32 softmax sums (relative 1e-4, scaled like the outputs'

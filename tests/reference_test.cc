@@ -22,6 +22,7 @@
 #include "rpa/dtype.h"
 #include "rpa/options.h"
 #include "rpa/tensor.h"
+#include "testing/tolerance.h"
 
 namespace rpa {
 namespace {
@@ -146,19 +147,6 @@ void ExpectNear(const HandCase& c, const std::vector<float>& got,
   EXPECT_EQ(mismatches, 0) << label;
 }
 
-// The SPEC's tolerance for the production path by KV dtype (SPEC §1).
-double KvTolerance(DType kv_dtype) {
-  switch (kv_dtype) {
-    case DType::kF32:
-      return 1e-5;
-    case DType::kBF16:
-    case DType::kF16:
-      return 1e-2;
-    default:
-      return 5e-2;
-  }
-}
-
 // Rounding of an output of magnitude <= 4 written in q's dtype.
 double OutputRounding(DType q_dtype) {
   switch (q_dtype) {
@@ -176,7 +164,7 @@ void Check(const HandCase& c, const AttentionOptions& options, const std::vector
   const Outputs out = RunBoth(c, options, q_dtype, kv_dtype);
   const double ref_tolerance = OutputRounding(q_dtype);
   ExpectNear(c, out.ref, expected, ref_tolerance, "reference");
-  ExpectNear(c, out.prod, expected, ref_tolerance + KvTolerance(kv_dtype), "production");
+  ExpectNear(c, out.prod, expected, ref_tolerance + testing::KvTolerance(kv_dtype), "production");
 }
 
 // sum_t softmax(logits)_t * values[t], in double.

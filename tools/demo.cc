@@ -14,6 +14,7 @@
 #include "rpa/rpa.h"
 #include "testing/machine.h"
 #include "testing/synthetic_batch.h"
+#include "testing/tolerance.h"
 #include "testing/workloads.h"
 
 namespace rpa::tools {
@@ -22,6 +23,7 @@ namespace {
 using testing::BatchSpec;
 using testing::CountWork;
 using testing::HigherLimits;
+using testing::KvTolerance;
 using testing::MachineLimits;
 using testing::MakeSyntheticBatch;
 using testing::MaxAbsDifference;
@@ -48,15 +50,6 @@ struct DemoArgs {
   int threads = 0;
   uint64_t seed = 2026;
 };
-
-// The tolerance SPEC §1 grants the fast path for this K/V dtype.
-double Tolerance(DType kv_dtype) {
-  switch (kv_dtype) {
-    case DType::kF32: return 1e-5;
-    case DType::kBF16: case DType::kF16: return 1e-2;
-    default: return 5e-2;
-  }
-}
 
 DType ParseDType(const std::string& name) {
   const std::optional<DType> dtype = DTypeFromString(name);
@@ -122,7 +115,7 @@ int RunDemo(const DemoArgs& args) {
   RefRaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), batch.PageIndices(),
                           batch.CuQLens(), batch.NumSeqs(), options, batch.OutView(expected));
   const double error = MaxAbsDifference(batch, out, expected);
-  const double tolerance = Tolerance(spec.kv_dtype);
+  const double tolerance = KvTolerance(spec.kv_dtype);
   const double ratio = ToleranceRatio(batch, out, expected, tolerance);
   const bool verified = ratio <= 1.0;  // False for NaN too.
 
