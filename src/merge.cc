@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "format.h"
+#include "validate_internal.h"
 
 namespace rpa {
 namespace {
@@ -22,9 +23,7 @@ void CheckLike(const TensorView& t, std::string_view name, const TensorView& mod
             StrCat(name, ".dtype=", PyRepr(t.dtype), " must be the same as ", model_name,
                    ".dtype=", PyRepr(model.dtype), "."),
             "Merge states of one dtype.");
-  RPA_CHECK(t.rank == 0 || t.shape[t.rank - 1] <= 1 || t.strides[t.rank - 1] == 1,
-            ErrorKind::kLayout, StrCat(name, " must be contiguous in its last dimension."),
-            StrCat("Pass a view of ", name, " whose last stride is 1."));
+  internal::CheckInnermostContiguous(t, name);  // Aligned too: read and written as typed.
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "rpa/attention.h"
 #include "rpa/error.h"
 #include "rpa/kv_cache.h"
+#include "rpa/merge.h"
 #include "rpa/reference.h"
 #include "testing/synthetic_batch.h"
 #include "testing/tolerance.h"
@@ -622,6 +623,87 @@ TEST(RobustnessTest, F4_ViewsAtOddByteAddressesAreRejected) {
       RaggedPagedAttention(b.Q(), c.k_nhd, c.v_nhd, KVLayout::kNHD, b.KvLens(), b.PageIndices(),
                            b.CuQLens(), b.NumSeqs(), {}, out);
     });
+  }
+}
+
+// The F4 message for a view of `name` whose data is not aligned to its
+// `bytes`-byte elements.
+std::string MisalignedMessage(const std::string& name, size_t bytes) {
+  return name + " must be aligned to its " + std::to_string(bytes) +
+         "-byte elements; its data starts at an address that is not. Pass " + name +
+         " in a buffer aligned to its dtype (a copy is), not at an odd byte offset.";
+}
+
+// Expects fn() to throw rpa::Error of kind kLayout with exactly `message`.
+template <class Fn>
+void ExpectMisaligned(const std::string& message, Fn fn) {
+  try {
+    fn();
+    ADD_FAILURE() << "accepted; expected: " << message;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kLayout) << e.what();
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+}
+
+// Finding F4, continued (fixed): the fused cache write's new_k / new_v
+// skipped the check, so a view at an odd byte address still reached typed
+// loads there. Now the same kLayout error, cache and out untouched.
+TEST(RobustnessTest, F4_KvWriteNewRowsAtOddByteAddressesAreRejected) {
+  const SyntheticBatch b = SmallBatch({{3, 5}, {2, 7}}, 3);
+  const TensorView kv = b.KvPages();
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(ToString(dtype));
+    // Zeros: a valid value in every dtype; one spare byte for the odd view.
+    std::vector<uint8_t> rows(b.num_tokens * b.spec.num_kv_heads * b.spec.head_dim *
+                                  SizeOf(dtype) + 1);
+    const TensorView aligned(rows.data(), dtype,
+                             {b.num_tokens, b.spec.num_kv_heads, b.spec.head_dim});
+    TensorView odd = aligned;
+    odd.data = rows.data() + 1;
+    std::vector<uint8_t> cache = b.kv_pages, out(b.q.size(), kSentinel);
+    const MutableTensorView cache_view(cache.data(), kv.dtype,
+                                       {kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[3]});
+    for (const bool k : {true, false}) {
+      ExpectMisaligned(MisalignedMessage(k ? "new_k" : "new_v", SizeOf(dtype)), [&] {
+        RaggedPagedAttentionWithKVWrite(b.Q(), k ? odd : aligned, k ? aligned : odd, cache_view,
+                                        b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
+                                        {}, b.OutView(out));
+      });
+    }
+    EXPECT_TRUE(cache == b.kv_pages) << "cache written on error";
+    EXPECT_TRUE(out == std::vector<uint8_t>(b.q.size(), kSentinel)) << "out written on error";
+  }
+}
+
+// Finding F4, continued (fixed): MergeStates' inputs and outputs skipped the
+// check too. Each of the six, one byte off, is the same kLayout error, with
+// out and lse untouched.
+TEST(RobustnessTest, F4_MergeStatesViewsAtOddByteAddressesAreRejected) {
+  constexpr int64_t kTokens = 2, kHeads = 3, kDim = 4;
+  const char* const names[] = {"out_a", "lse_a", "out_b", "lse_b", "out", "lse"};
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(ToString(dtype));
+    for (int odd = 0; odd < 6; ++odd) {
+      SCOPED_TRACE(names[odd]);
+      // Even entries are outputs [tokens, heads, dim] in `dtype`, odd ones
+      // LSEs [tokens, heads] in f32; each buffer has one spare byte.
+      std::vector<std::vector<uint8_t>> buffers(6);
+      std::vector<MutableTensorView> views;
+      for (int i = 0; i < 6; ++i) {
+        const bool lse = i % 2 == 1;
+        const DType d = lse ? DType::kF32 : dtype;
+        buffers[i].assign(kTokens * kHeads * (lse ? 1 : kDim) * SizeOf(d) + 1, 0);
+        views.push_back(lse ? MutableTensorView(buffers[i].data(), d, {kTokens, kHeads})
+                            : MutableTensorView(buffers[i].data(), d, {kTokens, kHeads, kDim}));
+      }
+      views[odd].data = buffers[odd].data() + 1;
+      const std::vector<std::vector<uint8_t>> before = buffers;
+      ExpectMisaligned(MisalignedMessage(names[odd], SizeOf(views[odd].dtype)), [&] {
+        MergeStates(views[0], views[1], views[2], views[3], views[4], views[5]);
+      });
+      EXPECT_TRUE(buffers == before) << "written on error";
+    }
   }
 }
 
