@@ -17,7 +17,8 @@
 
 #include "block_sizes_internal.h"
 #include "format.h"
-#include "plan.h"
+#include "problem.h"
+#include "scratch.h"
 
 namespace rpa {
 namespace internal {
