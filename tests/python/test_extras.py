@@ -591,6 +591,30 @@ def test_fused_write_with_sinks_and_out(rng):
   assert max_abs_diff(out, rpa.ref_ragged_paged_attention(*b.args, **kw)) <= TOLERANCE["int8"]
 
 
+def misaligned(a):
+  """A copy of `a` whose data starts one byte past an element boundary."""
+  raw = np.zeros(a.nbytes + 1, np.uint8)
+  odd = raw[1:].view(a.dtype).reshape(a.shape)
+  odd[...] = a
+  return odd
+
+
+def test_misaligned_new_rows_and_merge_states_are_copied(rng):
+  # The library rejects views at odd byte addresses (finding F4 in
+  # docs/robustness.md), new_k / new_v and merge_states' arrays included;
+  # the Python layer copies such arrays first, so these calls succeed.
+  b, new_k, new_v = write_case(rng, "float32")
+  assert rpa._rpa.view_info(misaligned(new_k))["copied"]
+  want = rpa.ragged_paged_attention_with_kv_write(b.q, new_k, new_v, b.kv_pages.copy(),
+                                                  *b.args[2:])
+  got = rpa.ragged_paged_attention_with_kv_write(b.q, misaligned(new_k), misaligned(new_v),
+                                                 b.kv_pages.copy(), *b.args[2:])
+  np.testing.assert_array_equal(got, want)
+  parts = [rng.standard_normal(shape).astype(np.float32) for shape in [(3, 2, 4), (3, 2)] * 2]
+  for want, got in zip(rpa.merge_states(*parts), rpa.merge_states(*map(misaligned, parts))):
+    np.testing.assert_array_equal(got, want)
+
+
 def test_fused_write_errors_touch_nothing(rng):
   b, new_k, new_v = write_case(rng, "float8_e4m3fn")
   cache = b.kv_pages
