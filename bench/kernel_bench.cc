@@ -15,8 +15,8 @@
 #include "kernel/cpu_features.h"
 #include "thread_pool.h"
 #include "rpa/rpa.h"
-#include "machine.h"
-#include "synthetic_batch.h"
+#include "testing/machine.h"
+#include "testing/synthetic_batch.h"
 
 namespace rpa {
 namespace {
@@ -79,11 +79,11 @@ BENCHMARK(BM_WidePv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args
 
 // Decode's batch: 16 sequences x 1 query, kv 1024, 32/8 heads, head_dim
 // 128, bf16; its K/V bytes and FLOPs per call.
-tools::SyntheticBatch DecodeBatch(int64_t q_heads_per_kv_head = 4) {
-  tools::BatchSpec spec;
+testing::SyntheticBatch DecodeBatch(int64_t q_heads_per_kv_head = 4) {
+  testing::BatchSpec spec;
   spec.num_q_heads = spec.num_kv_heads * q_heads_per_kv_head;
-  spec.sequences = std::vector<tools::SequenceShape>(16, {1, 1024});
-  return tools::MakeSyntheticBatch(spec);
+  spec.sequences = std::vector<testing::SequenceShape>(16, {1, 1024});
+  return testing::MakeSyntheticBatch(spec);
 }
 constexpr double kDecodeKvBytes = 16.0 * 1024 * 8 * 2 * 128 * 2;
 constexpr double kDecodeFlops = 16.0 * 1024 * 32 * 4 * 128;
@@ -101,18 +101,18 @@ struct RotatingDecodeCache {
   }
   const uint8_t* Copy(int c) const { return pages.data + bytes * c; }
 
-  const tools::SyntheticBatch batch;
+  const testing::SyntheticBatch batch;
   const size_t bytes;
   const int copies;
   // Huge pages, as rpa bench and a serving engine's cache would have: with
   // 4 KiB pages every K/V page's first touch is also a TLB miss.
-  tools::HugeBuffer pages;
+  testing::HugeBuffer pages;
 };
 
 // Whole decode calls on the rotating copies; range(0) threads.
 void BM_Decode(benchmark::State& state) {
   const RotatingDecodeCache cache;
-  const tools::SyntheticBatch& batch = cache.batch;
+  const testing::SyntheticBatch& batch = cache.batch;
   const TensorView kv = batch.KvPages();
   std::vector<uint8_t> out = batch.NewOutput();
   AttentionOptions options;
@@ -141,7 +141,7 @@ BENCHMARK(BM_Decode)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecon
 // below on this access pattern, whatever the kernel computes.
 void BM_DecodeMemoryOnly(benchmark::State& state) {
   const RotatingDecodeCache cache;
-  const tools::SyntheticBatch& batch = cache.batch;
+  const testing::SyntheticBatch& batch = cache.batch;
   const int64_t seqs = 16, kv_len = 1024, page_size = 16, kv_heads = 8, tile = 32;
   const int64_t row_bytes = 128 * 2, pages_per_seq = batch.pages_per_seq;
   // Row c (2h: K of kv head h, 2h + 1: its V) of key t of sequence `seq`.
@@ -189,7 +189,7 @@ BENCHMARK(BM_DecodeMemoryOnly)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::k
 // Llama-3-70B, 7 as Qwen2.5-7B).
 void BM_DecodeHot(benchmark::State& state) {
   const int64_t group = state.range(1);
-  const tools::SyntheticBatch batch = DecodeBatch(group);
+  const testing::SyntheticBatch batch = DecodeBatch(group);
   const std::vector<int32_t> page_zero(batch.page_indices.size(), 0);
   const TensorView pages_view = batch.PageIndices();
   const TensorView hot_pages(page_zero.data(), DType::kI32,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "rpa/dtype.h"
+#include "testing/tolerance.h"
 
 namespace rpa::fuzz {
 
@@ -99,7 +100,7 @@ struct Buffer {
   float Load(int64_t index) const { return LoadAsF32(dtype, Data(), index); }
 };
 
-// Seeded unit-normal values: tolerances of SPEC §1 hold for these.
+// Seeded unit-normal values: tolerances of docs/contract.md §1 hold for these.
 class Normal {
  public:
   explicit Normal(uint64_t seed) : rng_(seed) {}
@@ -111,23 +112,15 @@ class Normal {
   std::normal_distribution<float> dist_{0.0f, 1.0f};
 };
 
-// The SPEC §1 tolerance for this K/V dtype.
-inline double KvTolerance(DType kv) {
-  switch (kv) {
-    case DType::kF32: return 1e-5;
-    case DType::kBF16: case DType::kF16: return 1e-2;
-    default: return 5e-2;
-  }
-}
+using testing::KvTolerance;  // docs/contract.md §1's bound for the K/V dtype: the absolute tolerance.
 
-// Relative rounding of an output written in `dtype`: two results a hair
-// apart in f32 may round to neighbouring values.
-inline double OutputUlp(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return 1.0 / 128;
-    case DType::kF16: return 1.0 / 1024;
-    default: return 1.0 / (1 << 22);
-  }
+// The relative tolerance the fuzzers add to KvTolerance (their values may
+// have any scale): the output's rounding, two results a hair apart in f32
+// rounding to neighbouring values (one ulp of a 16-bit output, two of an f32
+// one), plus a tenth of the K/V dtype's bound.
+inline double RelTolerance(DType q_dtype, DType kv_dtype) {
+  const double ulps = q_dtype == DType::kF32 ? 2 : 1;
+  return ulps * testing::OutputUlp(q_dtype) + KvTolerance(kv_dtype) / 10;
 }
 
 // Whether `got` matches `want` within abs_tol + rel_tol * |want|, NaN where

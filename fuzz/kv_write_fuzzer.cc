@@ -47,7 +47,7 @@ rpa::TensorView RowsView(const RaggedCase& c, const NewRows& r, const Buffer& b)
                          {r.token_stride, c.head_dim * r.elem_stride, r.elem_stride});
 }
 
-// The write as SPEC and kv_cache.h describe it, into copies of the cache.
+// The write as docs/contract.md and kv_cache.h describe it, into copies of the cache.
 void ExpectedWrite(const RaggedCase& c, const NewRows& r, Buffer& k, Buffer& v) {
   const float ks = static_cast<float>(c.options.k_scale.value_or(1.0));
   const float vs = static_cast<float>(c.options.v_scale.value_or(1.0));
@@ -138,7 +138,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string message;
   const bool threw = Run(c, rows, k, v, out, lse, message);
   if (threw != expect_error) {
-    Fail("validation disagrees with SPEC §3: model " +
+    Fail("validation disagrees with docs/contract.md §3: model " +
          (expect_error ? "error (" + reason + ")" : std::string("valid")) + ", library " +
          (threw ? "threw: " + message : "accepted") + "\n  " + c.Describe());
   }

@@ -1,8 +1,8 @@
 // libFuzzer target: ragged_paged_attention (combined, NHD and HND) over
 // fuzzer-chosen metadata and options on small tensors. Oracle: the call
-// throws rpa::Error exactly when the independent model of SPEC §3 says so,
+// throws rpa::Error exactly when the independent model of docs/contract.md §3 says so,
 // leaving out and lse bit-identical; otherwise it matches the reference
-// (within SPEC §1's tolerance, or NaN for NaN in nan_mode). Inputs are never
+// (within docs/contract.md §1's tolerance, or NaN for NaN in nan_mode). Inputs are never
 // written. Anything else aborts.
 #include <cstdint>
 #include <cstring>
@@ -51,7 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool threw = Run(c, /*reference=*/false, out, lse, message);
 
   if (threw != c.expect_error || ref_threw != c.expect_error) {
-    Fail("validation disagrees with SPEC §3: model " +
+    Fail("validation disagrees with docs/contract.md §3: model " +
          (c.expect_error ? "error (" + c.expect_reason + ")" : std::string("valid")) +
          ", library " + (threw ? "threw: " + message : "accepted") + ", reference " +
          (ref_threw ? "threw: " + ref_message : "accepted") + "\n  " + c.Describe());

@@ -26,7 +26,7 @@ int64_t QTokenStride(const RaggedCase& c) {
 }
 int64_t OutTokenStride(const RaggedCase& c) { return c.num_q_heads * c.head_dim + c.out_pad; }
 
-// Options in the range where SPEC §1's tolerances hold, or raw doubles.
+// Options in the range where docs/contract.md §1's tolerances hold, or raw doubles.
 void ChooseOptions(Input& in, bool raw, RaggedCase& c) {
   AttentionOptions& o = c.options;
   const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(c.head_dim, 1)));
@@ -70,7 +70,7 @@ void ChooseOptions(Input& in, bool raw, RaggedCase& c) {
   else if (t == 15) o.num_threads = 16;
 }
 
-// Mirrors SPEC §3 from the spec's text, not from src/validate.cc: the
+// Mirrors docs/contract.md §3 from the spec's text, not from src/validate.cc: the
 // reason the call must fail, or "".
 std::string ModelError(const RaggedCase& c) {
   const AttentionOptions& o = c.options;
@@ -175,13 +175,13 @@ void FillData(RaggedCase& c, uint64_t seed) {
 }
 
 // NaN / +-inf where every query that reads the element sees it unmasked,
-// so masked-block skipping (SPEC §1) cannot make the kernel and the
+// so masked-block skipping (docs/contract.md §1) cannot make the kernel and the
 // reference differ.
 void InjectNonFinite(Input& in, RaggedCase& c) {
   const float kValues[] = {NAN, INFINITY, -INFINITY};
   // An infinite q element gives every key of its row a non-finite logit
   // (+-inf, or NaN from inf - inf or inf * 0). With mask_value <= -1e4 a
-  // fully masked block of keys may be skipped (SPEC §1), so the kernel may
+  // fully masked block of keys may be skipped (docs/contract.md §1), so the kernel may
   // never see what the reference's additive mask turns into NaN: +-inf only
   // goes where the row sees every key, or where no key is skipped.
   const bool masked_may_skip = c.options.mask_value.value_or(kDefaultMaskValue) <= -1e4;
@@ -472,7 +472,7 @@ RaggedCase MakeRaggedCase(Input& in) {
   c.expect_reason = ModelError(c);
   c.expect_error = !c.expect_reason.empty();
   if (c.nan_mode && !c.expect_error) {
-    // SPEC §1 lets the kernel skip masked keys when mask_value <= -1e4,
+    // docs/contract.md §1 lets the kernel skip masked keys when mask_value <= -1e4,
     // assuming finite logits; a -inf logit on every visible key would make
     // the reference fall back to the (finite) masked ones. With mask -inf
     // both see no key there.
@@ -507,6 +507,6 @@ void CallRagged(const RaggedCase& c, bool reference, const AttentionOptions& opt
 }
 
 double AbsTolerance(const RaggedCase& c) { return KvTolerance(c.kv_dtype); }
-double RelTolerance(const RaggedCase& c) { return OutputUlp(c.q_dtype) + KvTolerance(c.kv_dtype) / 10; }
+double RelTolerance(const RaggedCase& c) { return RelTolerance(c.q_dtype, c.kv_dtype); }
 
 }  // namespace rpa::fuzz

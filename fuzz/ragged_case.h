@@ -50,7 +50,7 @@ struct RaggedCase {
   std::vector<int64_t> kv_lens64;     // kKvLensDtype only.
   AttentionOptions options;           // sinks / lse bound by the views below.
   bool want_sinks = false, want_lse = false;
-  bool sane = true;       // Numeric options where SPEC's tolerances hold.
+  bool sane = true;       // Numeric options where the contract's tolerances hold.
   bool nan_mode = false;  // NaN / inf injected where every reader sees it.
   Perturb perturb = Perturb::kNone;
 

@@ -29,9 +29,7 @@ void CheckNewRows(const TensorView& rows, std::string_view name, const Attention
             StrCat(name, ".dtype=", PyRepr(d), " is not supported; ", name,
                    " must be one of float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8."),
             StrCat("Cast ", name, " to one of these dtypes."));
-  RPA_CHECK(rows.shape[2] <= 1 || rows.strides[2] == 1, ErrorKind::kLayout,
-            StrCat(name, " must be contiguous in its last dimension."),
-            StrCat("Pass a view of ", name, " whose last stride is 1."));
+  internal::CheckInnermostContiguous(rows, name);  // Aligned too: rows are read as typed loads.
 }
 
 // Stores row `row` of `rows` (one kv head) at `offset` of `pages`, as x / scale.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "format.h"
+#include "validate_internal.h"
 
 namespace rpa {
 namespace {
@@ -12,6 +13,8 @@ using ::rpa::ErrorKind;
 using internal::PyRepr;
 using internal::StrCat;
 
+// `t` has the shape and dtype of `model` (out_a or lse_a, checked before),
+// and the layout every view must have.
 void CheckLike(const TensorView& t, std::string_view name, const TensorView& model,
                std::string_view model_name) {
   RPA_CHECK(t.rank == model.rank && t.shape == model.shape, ErrorKind::kShape,
@@ -22,9 +25,7 @@ void CheckLike(const TensorView& t, std::string_view name, const TensorView& mod
             StrCat(name, ".dtype=", PyRepr(t.dtype), " must be the same as ", model_name,
                    ".dtype=", PyRepr(model.dtype), "."),
             "Merge states of one dtype.");
-  RPA_CHECK(t.rank == 0 || t.shape[t.rank - 1] <= 1 || t.strides[t.rank - 1] == 1,
-            ErrorKind::kLayout, StrCat(name, " must be contiguous in its last dimension."),
-            StrCat("Pass a view of ", name, " whose last stride is 1."));
+  internal::CheckInnermostContiguous(t, name);  // Aligned too: read and written as typed.
 }
 
 }  // namespace
@@ -32,10 +33,12 @@ void CheckLike(const TensorView& t, std::string_view name, const TensorView& mod
 void MergeStates(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                  const TensorView& lse_b, const MutableTensorView& out,
                  const MutableTensorView& lse) {
+  // out_a and lse_a are checked as views of their own; the other four like them.
   RPA_CHECK(out_a.rank == 3, ErrorKind::kShape,
             StrCat("out_a.shape=", out_a.ShapeString(),
                    " must have 3 dimensions [num_tokens, num_heads, head_dim]."),
             "Pass attention outputs as [num_tokens, num_heads, head_dim].");
+  internal::CheckNonNegativeExtents(out_a, "out_a");
   RPA_CHECK(out_a.dtype == DType::kF32 || out_a.dtype == DType::kBF16 || out_a.dtype == DType::kF16,
             ErrorKind::kDtype,
             StrCat("out_a.dtype=", PyRepr(out_a.dtype),
@@ -49,8 +52,8 @@ void MergeStates(const TensorView& out_a, const TensorView& lse_a, const TensorV
   RPA_CHECK(lse_a.dtype == DType::kF32, ErrorKind::kDtype,
             StrCat("lse_a.dtype=", PyRepr(lse_a.dtype), " must be float32."),
             "Pass log-sum-exps as float32.");
-  CheckLike(out_a, "out_a", out_a, "out_a");
-  CheckLike(lse_a, "lse_a", lse_a, "lse_a");
+  internal::CheckInnermostContiguous(out_a, "out_a");
+  internal::CheckInnermostContiguous(lse_a, "lse_a");
   CheckLike(out_b, "out_b", out_a, "out_a");
   CheckLike(lse_b, "lse_b", lse_a, "lse_a");
   CheckLike(out, "out", out_a, "out_a");

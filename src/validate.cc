@@ -12,19 +12,10 @@
 #include "validate_internal.h"
 
 namespace rpa::internal {
-namespace {
 
-constexpr int kMaxThreads = 256;
-constexpr std::string_view kQDtypes = "float32, bfloat16, float16";
-constexpr std::string_view kKvDtypes =
-    "float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8";
+// The checks of one view, shared with the other entry points
+// (validate_internal.h).
 
-bool IsQDtype(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
-bool IsKvDtype(DType d) {
-  return IsQDtype(d) || d == DType::kF8E4M3FN || d == DType::kF8E5M2 || d == DType::kI8;
-}
-
-// Views come from other people's code: an extent below 0 is a broken view.
 void CheckNonNegativeExtents(const TensorView& t, std::string_view name) {
   for (int d = 0; d < t.rank; ++d) {
     RPA_CHECK(t.shape[d] >= 0, ErrorKind::kShape,
@@ -33,22 +24,6 @@ void CheckNonNegativeExtents(const TensorView& t, std::string_view name) {
   }
 }
 
-void CheckRank(const TensorView& t, std::string_view name, int rank, std::string_view dims) {
-  RPA_CHECK(t.rank == rank, ErrorKind::kShape,
-            StrCat(name, ".shape=", t.ShapeString(), " must have ", rank, " dimensions ", dims,
-                   "."),
-            StrCat("Pass ", name, " as a ", rank, "-dimensional array ", dims, "."));
-  CheckNonNegativeExtents(t, name);
-}
-
-void CheckPositiveExtent(int64_t extent, std::string_view name, std::string_view fix) {
-  RPA_CHECK(extent > 0, ErrorKind::kShape, StrCat(NameEq(name, extent), " must be positive."),
-            fix);
-}
-
-// Elements are read as typed loads: a view at an address that is not a
-// multiple of its element size (possible from a raw or NumPy buffer) would be
-// undefined behaviour, so it is rejected rather than misread.
 void CheckAligned(const TensorView& t, std::string_view name) {
   const size_t size = SizeOf(t.dtype);
   RPA_CHECK(reinterpret_cast<uintptr_t>(t.data) % size == 0, ErrorKind::kLayout,
@@ -58,8 +33,6 @@ void CheckAligned(const TensorView& t, std::string_view name) {
                    "byte offset."));
 }
 
-// Only the innermost dimension must be contiguous; an extent of 1 may carry
-// any stride (NumPy and PyTorch give such strides arbitrary values).
 void CheckInnermostContiguous(const TensorView& t, std::string_view name) {
   CheckAligned(t, name);
   if (t.rank == 0) return;
@@ -73,6 +46,31 @@ void CheckInnermostContiguous(const TensorView& t, std::string_view name) {
                    ".strides=", strides, " (in elements)."),
             StrCat("Pass a view of ", name,
                    " whose last stride is 1 (other strides are free), or a contiguous copy."));
+}
+
+namespace {
+
+constexpr int kMaxThreads = 256;
+constexpr std::string_view kQDtypes = "float32, bfloat16, float16";
+constexpr std::string_view kKvDtypes =
+    "float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8";
+
+bool IsQDtype(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+bool IsKvDtype(DType d) {
+  return IsQDtype(d) || d == DType::kF8E4M3FN || d == DType::kF8E5M2 || d == DType::kI8;
+}
+
+void CheckRank(const TensorView& t, std::string_view name, int rank, std::string_view dims) {
+  RPA_CHECK(t.rank == rank, ErrorKind::kShape,
+            StrCat(name, ".shape=", t.ShapeString(), " must have ", rank, " dimensions ", dims,
+                   "."),
+            StrCat("Pass ", name, " as a ", rank, "-dimensional array ", dims, "."));
+  CheckNonNegativeExtents(t, name);
+}
+
+void CheckPositiveExtent(int64_t extent, std::string_view name, std::string_view fix) {
+  RPA_CHECK(extent > 0, ErrorKind::kShape, StrCat(NameEq(name, extent), " must be positive."),
+            fix);
 }
 
 void CheckFinite(const std::optional<double>& value, std::string_view name) {

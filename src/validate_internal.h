@@ -15,6 +15,25 @@
 
 namespace rpa::internal {
 
+// The checks of one view that every entry point runs on its tensor
+// arguments (kv_cache.cc's new rows and merge.cc's states too), so each
+// message exists once.
+
+// Views come from other people's code: an extent below 0 is a broken view
+// (kShape).
+void CheckNonNegativeExtents(const TensorView& t, std::string_view name);
+
+// Elements are read as typed loads: a view at an address that is not a
+// multiple of its element size (possible from a raw or NumPy buffer) would be
+// undefined behaviour, so it is rejected rather than misread (kLayout;
+// finding F4 in docs/robustness.md).
+void CheckAligned(const TensorView& t, std::string_view name);
+
+// CheckAligned, then: only the innermost dimension must be contiguous; an
+// extent of 1 may carry any stride (NumPy and PyTorch give such strides
+// arbitrary values) (kLayout).
+void CheckInnermostContiguous(const TensorView& t, std::string_view name);
+
 enum class CacheLayout { kCombined, kNHD, kHND };
 
 // The arguments of a ragged call; for kCombined, k_pages and v_pages are the

@@ -4,7 +4,7 @@
 //  - JAX's decode-only PagedAttention agrees with RaggedPagedAttention;
 //  - randomized ragged batches (page_size {1, 3, 7, 16} x batch {1, 7, 37},
 //    GQA 1/4/8, head_dim 64/80/128/256) agree with the reference within the
-//    SPEC's tolerance for the KV dtype, and repeated calls agree bit for bit.
+//    the contract's tolerance for the KV dtype, and repeated calls agree bit for bit.
 #include "rpa/attention.h"
 
 #include <gtest/gtest.h>
@@ -21,30 +21,20 @@
 #include "rpa/options.h"
 #include "rpa/reference.h"
 #include "rpa/tensor.h"
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
+#include "testing/tolerance.h"
 
 namespace rpa {
 namespace {
 
-using tools::BatchSpec;
-using tools::MakeSyntheticBatch;
-using tools::SequenceShape;
-using tools::SyntheticBatch;
+using testing::BatchSpec;
+using testing::MakeSyntheticBatch;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
+using testing::Tolerance;  // docs/contract.md §1 for the K/V dtype, plus the output's rounding.
 
 bool IsQuantized(DType dtype) {
   return dtype == DType::kF8E4M3FN || dtype == DType::kF8E5M2 || dtype == DType::kI8;
-}
-
-// SPEC §1's tolerance for the KV dtype, plus one unit in the last place of
-// the output's dtype (both sides round their result to it).
-double Tolerance(DType q_dtype, DType kv_dtype, double reference_value) {
-  double kv = 5e-2;
-  if (kv_dtype == DType::kF32) kv = 1e-5;
-  if (kv_dtype == DType::kBF16 || kv_dtype == DType::kF16) kv = 1e-2;
-  double ulp = 0.0;
-  if (q_dtype == DType::kBF16) ulp = std::ldexp(1.0, -7);
-  if (q_dtype == DType::kF16) ulp = std::ldexp(1.0, -10);
-  return kv + ulp * std::fabs(reference_value);
 }
 
 // An output of shape [num_tokens, num_heads, head_dim] in `dtype`, stored
@@ -247,7 +237,7 @@ struct LayoutCase {
   int64_t page_size;
 };
 
-class LayoutTest : public testing::TestWithParam<LayoutCase> {};
+class LayoutTest : public ::testing::TestWithParam<LayoutCase> {};
 
 AttentionOptions OptionsFor(DType kv_dtype, int64_t head_dim) {
   AttentionOptions options;
@@ -365,8 +355,8 @@ const LayoutCase kLayoutCases[] = {
     {"q_f32_kv_bf16_h1x1_d7_ps2", DType::kF32, DType::kBF16, 1, 1, 7, 2},
 };
 
-INSTANTIATE_TEST_SUITE_P(Layouts, LayoutTest, testing::ValuesIn(kLayoutCases),
-                         [](const testing::TestParamInfo<LayoutCase>& param_info) {
+INSTANTIATE_TEST_SUITE_P(Layouts, LayoutTest, ::testing::ValuesIn(kLayoutCases),
+                         [](const ::testing::TestParamInfo<LayoutCase>& param_info) {
                            return std::string(param_info.param.name);
                          });
 
@@ -385,7 +375,7 @@ struct PagedCase {
   const char* megacore_mode;  // nullptr: none.
 };
 
-class PagedAttentionTest : public testing::TestWithParam<PagedCase> {};
+class PagedAttentionTest : public ::testing::TestWithParam<PagedCase> {};
 
 // A decode batch built twice from the same K/V: JAX's paged layout
 // (k_pages [num_kv_heads, total_num_pages, page_size, head_dim]) for
@@ -520,8 +510,8 @@ const PagedCase kPagedCases[] = {
      "batch"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Decode, PagedAttentionTest, testing::ValuesIn(kPagedCases),
-                         [](const testing::TestParamInfo<PagedCase>& param_info) {
+INSTANTIATE_TEST_SUITE_P(Decode, PagedAttentionTest, ::testing::ValuesIn(kPagedCases),
+                         [](const ::testing::TestParamInfo<PagedCase>& param_info) {
                            return std::string(param_info.param.name);
                          });
 
@@ -545,7 +535,7 @@ struct RandomCase {
   }
 };
 
-class RandomBatchTest : public testing::TestWithParam<RandomCase> {};
+class RandomBatchTest : public ::testing::TestWithParam<RandomCase> {};
 
 // Random sequence shapes: decode, chunked prefill, prefill, q_len 0 and
 // empty sequences, sized so the reference stays fast.
@@ -663,8 +653,8 @@ std::vector<RandomCase> RandomCases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ragged, RandomBatchTest, testing::ValuesIn(RandomCases()),
-                         [](const testing::TestParamInfo<RandomCase>& param_info) {
+INSTANTIATE_TEST_SUITE_P(Ragged, RandomBatchTest, ::testing::ValuesIn(RandomCases()),
+                         [](const ::testing::TestParamInfo<RandomCase>& param_info) {
                            return param_info.param.Name();
                          });
 

@@ -339,7 +339,7 @@ const Format kFormats[] = {
      [](float f) -> uint32_t { return ToE5M2(f); }},
 };
 
-class DTypeFormatTest : public testing::TestWithParam<Format> {};
+class DTypeFormatTest : public ::testing::TestWithParam<Format> {};
 
 // Every code decodes and re-encodes to itself; NaN codes to a NaN code of
 // the same sign.
@@ -451,8 +451,8 @@ TEST_P(DTypeFormatTest, EncodeMatchesNearestEvenOracle) {
   EXPECT_EQ(failures, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllFormats, DTypeFormatTest, testing::ValuesIn(kFormats),
-                         [](const testing::TestParamInfo<Format>& param_info) {
+INSTANTIATE_TEST_SUITE_P(AllFormats, DTypeFormatTest, ::testing::ValuesIn(kFormats),
+                         [](const ::testing::TestParamInfo<Format>& param_info) {
                            return std::string(param_info.param.name);
                          });
 

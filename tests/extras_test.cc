@@ -8,14 +8,15 @@
 #include <vector>
 
 #include "rpa/rpa.h"
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
+#include "testing/tolerance.h"
 
 namespace rpa {
 namespace {
 
-using tools::BatchSpec;
-using tools::MakeSyntheticBatch;
-using tools::SyntheticBatch;
+using testing::BatchSpec;
+using testing::MakeSyntheticBatch;
+using testing::SyntheticBatch;
 
 // A tiny f32 problem with explicit keys and values: one sequence of kv_len
 // keys, its last q_len tokens as queries, one q head and one kv head,
@@ -211,21 +212,39 @@ TEST(MergeStates, OneSideEmptyGivesTheOther) {
   EXPECT_EQ(lse[0], 0.75f);
 }
 
-TEST(MergeStates, MismatchedShapesAreRejectedBeforeWriting) {
-  std::vector<float> a(4), b(2), out(4, 5.0f), lse_a(2), lse_b(1), lse(2, 5.0f);
+// MergeStates over f32 states of one head of head_dim 2: out_a, lse_a, out and
+// lse of `tokens` rows, out_b and lse_b of `b_tokens`. Expects rpa::Error of
+// `kind` with exactly `message`, and out and lse untouched.
+void ExpectMergeRejected(int64_t tokens, int64_t b_tokens, ErrorKind kind, const char* message) {
+  std::vector<float> a(4), b(4), out(4, 5.0f), lse_a(2), lse_b(2), lse(2, 5.0f);
   try {
-    MergeStates(TensorView(a.data(), DType::kF32, {2, 1, 2}), TensorView(lse_a.data(), DType::kF32, {2, 1}),
-                TensorView(b.data(), DType::kF32, {1, 1, 2}), TensorView(lse_b.data(), DType::kF32, {1, 1}),
-                MutableTensorView(out.data(), DType::kF32, {2, 1, 2}),
-                MutableTensorView(lse.data(), DType::kF32, {2, 1}));
-    FAIL() << "expected rpa::Error";
+    MergeStates(TensorView(a.data(), DType::kF32, {tokens, 1, 2}), TensorView(lse_a.data(), DType::kF32, {tokens, 1}),
+                TensorView(b.data(), DType::kF32, {b_tokens, 1, 2}), TensorView(lse_b.data(), DType::kF32, {b_tokens, 1}),
+                MutableTensorView(out.data(), DType::kF32, {tokens, 1, 2}),
+                MutableTensorView(lse.data(), DType::kF32, {tokens, 1}));
+    ADD_FAILURE() << "expected rpa::Error: " << message;
   } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kShape);
-    EXPECT_STREQ(e.what(),
-                 "out_b.shape=(1, 1, 2) must be the same as out_a.shape=(2, 1, 2). Merge states of "
-                 "the same rows and heads.");
+    EXPECT_EQ(e.kind(), kind);
+    EXPECT_STREQ(e.what(), message);
   }
   EXPECT_EQ(out, std::vector<float>(4, 5.0f));
+  EXPECT_EQ(lse, std::vector<float>(2, 5.0f));
+}
+
+TEST(MergeStates, MismatchedShapesAreRejectedBeforeWriting) {
+  ExpectMergeRejected(2, 1, ErrorKind::kShape,
+                      "out_b.shape=(1, 1, 2) must be the same as out_a.shape=(2, 1, 2). Merge "
+                      "states of the same rows and heads.");
+}
+
+// out_a and lse_a were checked only "like themselves" (CheckLike(out_a, ...,
+// out_a)), which looked at nothing but their last stride; every other
+// argument is checked against them. Each is now checked as a view of its
+// own, as every entry point checks its arguments: extents first.
+TEST(MergeStates, NegativeExtentIsRejectedBeforeWriting) {
+  ExpectMergeRejected(-1, -1, ErrorKind::kShape,
+                      "out_a.shape=(-1, 1, 2) must not have a negative dimension. Pass a valid "
+                      "view of out_a.");
 }
 
 // The fused write against writing by hand and then attending.
@@ -295,8 +314,8 @@ TEST_P(KVWrite, WritesTheLastQLenPositionsThenAttends) {
   std::vector<uint8_t> expected_out = batch.NewOutput();
   RefRaggedPagedAttention(batch.Q(), TensorView(cache_view), batch.KvLens(), batch.PageIndices(),
                           batch.CuQLens(), batch.NumSeqs(), options, batch.OutView(expected_out));
-  const double tolerance = spec.kv_dtype == DType::kF32 ? 1e-5 : spec.kv_dtype == DType::kBF16 ? 1e-2 : 5e-2;
-  EXPECT_LE(tools::MaxAbsDifference(batch, out, expected_out), tolerance);
+  EXPECT_LE(testing::MaxAbsDifference(batch, out, expected_out),
+            testing::KvTolerance(spec.kv_dtype));
 }
 
 TEST_P(KVWrite, BadPageIndexTouchesNothing) {

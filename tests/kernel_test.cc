@@ -27,16 +27,17 @@
 #include "reference_impl.h"
 #include "rpa/dtype.h"
 #include "rpa/rpa.h"
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
+#include "testing/tolerance.h"
 #include "thread_pool.h"
 #include "validate_internal.h"
 
 namespace rpa::internal {
 namespace {
 
-using tools::BatchSpec;
-using tools::SequenceShape;
-using tools::SyntheticBatch;
+using testing::BatchSpec;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
 
 // Sanitizer builds run a smaller grid (same features, fewer draws).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -149,7 +150,7 @@ double LogitStd(const Case& c) {
          std::sqrt(static_cast<double>(c.spec.head_dim));
 }
 
-// Max error allowed for one output element: the K/V dtype's bound (SPEC §1),
+// Max error allowed for one output element: the K/V dtype's bound (docs/contract.md §1),
 // which holds for unit-normal inputs, scaled where the case leaves them:
 // v_scale scales the output, and logits wider than about unit-normal (std
 // sm_scale * k_scale * sqrt(head_dim), e.g. 10 with sm_scale 1 and head_dim
@@ -158,14 +159,9 @@ double LogitStd(const Case& c) {
 // values).
 double Tolerance(const Case& c, double reference) {
   const BatchSpec& s = c.spec;
-  double kv = 1e-5;
-  if (s.kv_dtype == DType::kBF16 || s.kv_dtype == DType::kF16) kv = 1e-2;
-  if (SizeOf(s.kv_dtype) == 1) kv = 5e-2;
-  kv *= c.options.v_scale.value_or(1.0) * std::max(1.0, LogitStd(c) / 4.0);
-  double out_ulp = 0.0;
-  if (s.q_dtype == DType::kBF16) out_ulp = std::ldexp(1.0, -7);
-  if (s.q_dtype == DType::kF16) out_ulp = std::ldexp(1.0, -10);
-  return kv + out_ulp * std::fabs(reference) * 1.01;
+  const double kv = testing::KvTolerance(s.kv_dtype) * c.options.v_scale.value_or(1.0) *
+                    std::max(1.0, LogitStd(c) / 4.0);
+  return kv + testing::OutputRounding(s.q_dtype, reference) * 1.01;
 }
 
 // Max LSE error: f32 softmax sums (relative 1e-4, scaled like the outputs'
@@ -252,7 +248,7 @@ void CheckGrid(uint64_t seed, int cases, std::initializer_list<DType> kv_dtypes)
   for (int i = 0; i < cases; ++i) {
     for (DType kv : kv_dtypes) {
       const Case c = RandomCase(rng, kv);
-      const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+      const SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
       const Outputs ref = RunCase(c, b, /*fast=*/false);
       const Outputs fast = RunCase(c, b, /*fast=*/true);
       ExpectClose(c, b, fast, ref);
@@ -312,7 +308,7 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
       for (SequenceShape& q : c.spec.sequences) q.q_len = std::min(q.kv_len, queries);
       c.spec.max_num_batched_tokens = std::max<int64_t>(1, queries * c.spec.max_num_seqs);
       if (i % 3 != 0) c.options.soft_cap.reset();
-      const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+      const SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
       ExpectClose(c, b, RunCase(c, b, /*fast=*/true), RunCase(c, b, /*fast=*/false));
       if (::testing::Test::HasFailure()) return;
     }
@@ -736,7 +732,7 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     spec.num_q_heads = 8;
     spec.num_kv_heads = 2;
     spec.sequences = std::move(seqs);
-    const SyntheticBatch b = tools::MakeSyntheticBatch(spec);
+    const SyntheticBatch b = testing::MakeSyntheticBatch(spec);
     std::vector<uint8_t> out = b.NewOutput();
     AttentionOptions o;
     o.sm_scale = 0.1;
@@ -816,7 +812,7 @@ Case Fixed(std::vector<SequenceShape> seqs, DType kv, int threads) {
 }
 
 void CheckCase(const Case& c) {
-  const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+  const SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
   ExpectClose(c, b, RunCase(c, b, true), RunCase(c, b, false));
 }
 
@@ -918,7 +914,7 @@ TEST(KernelTest, BitIdenticalAcrossRuns) {
     c.options.num_queries_per_block.reset();
     for (int threads = 1; threads <= 4; ++threads) {
       c.threads = threads;
-      const SyntheticBatch b = tools::MakeSyntheticBatch(c.spec);
+      const SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
       const Outputs first = RunCase(c, b, true);
       for (int repeat = 0; repeat < 2; ++repeat) {
         EXPECT_EQ(RunCase(c, b, true).out, first.out) << c.Name();

@@ -1,11 +1,11 @@
-// The machine limits that rpa bench and rpa demo divide by (tools/machine.h):
+// The machine limits that rpa bench and rpa demo divide by (testing/machine.h):
 // how two measurements combine and how a roofline is formed from them. The
 // measurement itself is timing and is not tested here.
-#include "machine.h"
+#include "testing/machine.h"
 
 #include <gtest/gtest.h>
 
-namespace rpa::tools {
+namespace rpa::testing {
 namespace {
 
 MachineLimits Limits(double read1, double read_all, double fma1, double fma_all, double bf16_1,
@@ -70,4 +70,4 @@ TEST(MachineLimitsTest, TheF16PeakCountsForDtypesExactInF16) {
 }
 
 }  // namespace
-}  // namespace rpa::tools
+}  // namespace rpa::testing

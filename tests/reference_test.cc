@@ -1,8 +1,8 @@
-// Hand-computed small cases for the semantics of SPEC §1. Each runs through
+// Hand-computed small cases for the semantics of docs/contract.md §1. Each runs through
 // the reference (RefRaggedPagedAttention) and the production entry point
 // (RaggedPagedAttention); both must match the value worked out by hand: the
 // reference to the output dtype's rounding, the production path also within
-// the SPEC's tolerance for the KV dtype.
+// the contract's tolerance (docs/contract.md §1) for the KV dtype.
 //
 // Every K/V slot a case does not set holds NaN, so any read beyond kv_len or
 // into an unused page shows up as a NaN in the output.
@@ -22,6 +22,7 @@
 #include "rpa/dtype.h"
 #include "rpa/options.h"
 #include "rpa/tensor.h"
+#include "testing/tolerance.h"
 
 namespace rpa {
 namespace {
@@ -146,19 +147,6 @@ void ExpectNear(const HandCase& c, const std::vector<float>& got,
   EXPECT_EQ(mismatches, 0) << label;
 }
 
-// The SPEC's tolerance for the production path by KV dtype (SPEC §1).
-double KvTolerance(DType kv_dtype) {
-  switch (kv_dtype) {
-    case DType::kF32:
-      return 1e-5;
-    case DType::kBF16:
-    case DType::kF16:
-      return 1e-2;
-    default:
-      return 5e-2;
-  }
-}
-
 // Rounding of an output of magnitude <= 4 written in q's dtype.
 double OutputRounding(DType q_dtype) {
   switch (q_dtype) {
@@ -176,7 +164,7 @@ void Check(const HandCase& c, const AttentionOptions& options, const std::vector
   const Outputs out = RunBoth(c, options, q_dtype, kv_dtype);
   const double ref_tolerance = OutputRounding(q_dtype);
   ExpectNear(c, out.ref, expected, ref_tolerance, "reference");
-  ExpectNear(c, out.prod, expected, ref_tolerance + KvTolerance(kv_dtype), "production");
+  ExpectNear(c, out.prod, expected, ref_tolerance + testing::KvTolerance(kv_dtype), "production");
 }
 
 // sum_t softmax(logits)_t * values[t], in double.
@@ -740,12 +728,12 @@ struct DTypePair {
   DType kv;
 };
 
-std::string PairName(const testing::TestParamInfo<DTypePair>& param_info) {
+std::string PairName(const ::testing::TestParamInfo<DTypePair>& param_info) {
   return "q_" + std::string(ToString(param_info.param.q)) + "_kv_" +
          std::string(ToString(param_info.param.kv));
 }
 
-class ReferenceDTypeTest : public testing::TestWithParam<DTypePair> {};
+class ReferenceDTypeTest : public ::testing::TestWithParam<DTypePair> {};
 
 // Inputs exactly representable in every dtype (int8 through the scales), so
 // the hand value is exact up to the output's rounding. Two sequences, GQA 2:1,
@@ -825,7 +813,7 @@ std::vector<DTypePair> AllPairs() {
   return pairs;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllDTypes, ReferenceDTypeTest, testing::ValuesIn(AllPairs()), PairName);
+INSTANTIATE_TEST_SUITE_P(AllDTypes, ReferenceDTypeTest, ::testing::ValuesIn(AllPairs()), PairName);
 
 }  // namespace
 }  // namespace rpa

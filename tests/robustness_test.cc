@@ -18,16 +18,18 @@
 #include "rpa/attention.h"
 #include "rpa/error.h"
 #include "rpa/kv_cache.h"
+#include "rpa/merge.h"
 #include "rpa/reference.h"
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
+#include "testing/tolerance.h"
 
 namespace rpa {
 namespace {
 
-using tools::BatchSpec;
-using tools::MakeSyntheticBatch;
-using tools::SequenceShape;
-using tools::SyntheticBatch;
+using testing::BatchSpec;
+using testing::MakeSyntheticBatch;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
 
 constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
@@ -106,6 +108,9 @@ SyntheticBatch SmallBatch(std::vector<SequenceShape> seqs, int64_t page_size = 4
 // A decode batch (q_len 1 each) with every row used: paged_attention's shape.
 SyntheticBatch DecodeBatch() { return SmallBatch({{1, 5}, {1, 9}, {1, 1}}); }
 
+// docs/contract.md §1's bound for the batch's K/V dtype.
+double SpecTolerance(const SyntheticBatch& b) { return testing::KvTolerance(b.spec.kv_dtype); }
+
 // Runs `fn` on a sentinel-filled output; expects rpa::Error of `kind` and
 // the output bit-identical.
 template <class Fn>
@@ -164,10 +169,10 @@ TEST(RobustnessTest, PageIndicesBeyondKvLenAreNeverRead) {
                           b.NumSeqs(), {}, b.OutView(ref));
   for (const Call& call : RaggedCalls()) {
     call.run(b, {}, b.OutView(out));
-    EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << call.name;
+    EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b)) << call.name;
   }
   RunPaged(b, {}, b.OutView(out));
-  EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << "paged";
+  EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b)) << "paged";
 }
 
 // ---- Lengths that would overflow 32-bit size arithmetic.
@@ -221,7 +226,7 @@ TEST(RobustnessTest, CuQLensBeyondQRowsIsRejected) {
                         Edit{1, kInt32Min, ErrorKind::kMetadata},
                         Edit{0, -1, ErrorKind::kMetadata},
                         Edit{0, kInt32Min, ErrorKind::kMetadata}}) {
-    SCOPED_TRACE(testing::Message() << "cu_q_lens[" << e.index << "]=" << e.value);
+    SCOPED_TRACE(::testing::Message() << "cu_q_lens[" << e.index << "]=" << e.value);
     SyntheticBatch b = base;
     b.cu_q_lens[e.index] = e.value;
     ExpectRaggedRejected(b, e.kind, "cu_q_lens");
@@ -255,7 +260,7 @@ TEST(RobustnessTest, HugeTileOptionsAreRejectedOrHarmless) {
                           b.NumSeqs(), {}, b.OutView(ref));
   for (int64_t q_block : {int64_t{1}, int64_t{7}, int64_t{4096}}) {
     for (int64_t vmem : {int64_t{1}, std::numeric_limits<int64_t>::max()}) {
-      SCOPED_TRACE(testing::Message() << q_block << " " << vmem);
+      SCOPED_TRACE(::testing::Message() << q_block << " " << vmem);
       AttentionOptions o;
       o.num_queries_per_block = q_block;
       o.vmem_limit_bytes = vmem;
@@ -263,7 +268,7 @@ TEST(RobustnessTest, HugeTileOptionsAreRejectedOrHarmless) {
       std::vector<uint8_t> out = b.NewOutput();
       for (const Call& call : RaggedCalls()) {
         call.run(b, o, b.OutView(out));
-        EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << call.name;
+        EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b)) << call.name;
       }
     }
   }
@@ -281,7 +286,7 @@ TEST(RobustnessTest, F5_HugeNumQueriesPerBlockIsHarmless) {
     o.num_queries_per_block = q_block;
     RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
                          b.NumSeqs(), o, b.OutView(out));
-    EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << q_block;
+    EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b)) << q_block;
   }
 }
 
@@ -352,13 +357,13 @@ TEST(RobustnessTest, NanBeyondKvLenAndInPaddingRowsNeverLeaks) {
   SyntheticBatch b = MakeSyntheticBatch(spec);
   auto* q = reinterpret_cast<float*>(b.q.data());
   for (int64_t i = 4 * 4 * 16; i < 7 * 4 * 16; ++i) q[i] = NAN;  // Padding rows.
-  ExpectLikeReference(b, {}, 1e-5);
+  ExpectLikeReference(b, {}, SpecTolerance(b));
 }
 
 TEST(RobustnessTest, InfInValuesPropagatesLikeTheReference) {
   SyntheticBatch b = SmallBatch({{2, 6}, {1, 9}});
   *KvElement(b, 1, 3, 0, /*v=*/true, 5) = INFINITY;  // Seen by sequence 1's query.
-  ExpectLikeReference(b, {}, 1e-5);
+  ExpectLikeReference(b, {}, SpecTolerance(b));
 }
 
 // Finding F1 (fixed): a NaN logit was dropped (output 0 or finite) where the
@@ -366,13 +371,13 @@ TEST(RobustnessTest, InfInValuesPropagatesLikeTheReference) {
 TEST(RobustnessTest, F1_NanInKeyPropagatesLikeTheReference) {
   SyntheticBatch b = SmallBatch({{2, 6}, {1, 9}});
   *KvElement(b, 0, 1, 1, /*v=*/false, 3) = NAN;  // Key 1 of sequence 0: seen by all its rows.
-  ExpectLikeReference(b, {}, 1e-5);
+  ExpectLikeReference(b, {}, SpecTolerance(b));
 }
 
 TEST(RobustnessTest, F1_NanInQueryPropagatesLikeTheReference) {
   SyntheticBatch b = SmallBatch({{2, 6}, {1, 9}});
   reinterpret_cast<float*>(b.q.data())[2 * 4 * 16 + 5] = NAN;  // Token 2, head 0.
-  ExpectLikeReference(b, {}, 1e-5);
+  ExpectLikeReference(b, {}, SpecTolerance(b));
 }
 
 // Finding F3 (fixed): an infinite logit under a soft cap is c * tanh(+-inf) =
@@ -390,10 +395,10 @@ TEST(RobustnessTest, F3_InfQueryUnderSoftCapLikeTheReference) {
                           b.NumSeqs(), o, b.OutView(ref));
   RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
                        b.NumSeqs(), o, b.OutView(out));
-  EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-2);
+  EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b));
 }
 
-// Finding F7 (closed: the skip rule, SPEC §1): +inf and -inf in one q row
+// Finding F7 (closed: the skip rule, docs/contract.md §1): +inf and -inf in one q row
 // make inf - inf in q . k. Where the row sees every key, the kernel agrees
 // with the reference on every path: widening (bf16), quantized (int8, a
 // scale folded into the logit scale), Highway (f32), under a soft cap.
@@ -408,6 +413,9 @@ TEST(RobustnessTest, F7_InfinitiesInAQueryThatSeesEveryKeyLikeTheReference) {
     AttentionOptions o;
     o.soft_cap = 5.0;
     o.k_scale = 1.0 / 256;
+    // the contract's 8-bit bound for every K/V dtype here, as this test has always
+    // allowed (not SpecTolerance(b)): the rows with infinities compare as NaN
+    // or infinity, the others within 5e-2.
     ExpectLikeReference(b, o, 5e-2);
     o.soft_cap.reset();
     ExpectLikeReference(b, o, 5e-2);
@@ -421,7 +429,7 @@ TEST(RobustnessTest, F8_EveryLogitMinusInfInADecodeRowIsNan) {
   SyntheticBatch b = SmallBatch({{2, 6}, {1, 9}});
   reinterpret_cast<float*>(b.q.data())[2 * 4 * 16 + 5] = INFINITY;  // Token 2, head 0.
   for (int64_t t = 0; t < 9; ++t) *KvElement(b, 1, t, 0, /*v=*/false, 5) = -1.0f;
-  ExpectLikeReference(b, {}, 1e-5);  // mask_value: JAX's finite default.
+  ExpectLikeReference(b, {}, SpecTolerance(b));  // mask_value: JAX's finite default.
   PagedAttentionOptions o;
   const SyntheticBatch decode = DecodeBatch();
   SyntheticBatch d = decode;
@@ -445,7 +453,7 @@ TEST(RobustnessTest, F9_InfValueUnderMinusInfLogitInASplitChunkIsNan) {
   AttentionOptions o;
   o.num_threads = 4;  // 1 task of 200 keys: split into chunks.
   o.num_kv_pages_per_block = 1;
-  ExpectLikeReference(b, o, 1e-5);
+  ExpectLikeReference(b, o, SpecTolerance(b));
   std::vector<uint8_t> out = b.NewOutput();
   RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
                        b.NumSeqs(), o, b.OutView(out));
@@ -467,7 +475,7 @@ TEST(RobustnessTest, F10_InfValueUnderAllMinusInfLogitsWithASinkIsNan) {
   o.num_kv_pages_per_block = 1;
   for (const int threads : {1, 4}) {  // One task, and chunks merged.
     o.num_threads = threads;
-    ExpectLikeReference(b, o, 1e-5);
+    ExpectLikeReference(b, o, SpecTolerance(b));
     std::vector<uint8_t> out = b.NewOutput();
     RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
                          b.NumSeqs(), o, b.OutView(out));
@@ -487,7 +495,8 @@ TEST(RobustnessTest, F2_SlidingWindowBeyondInt32MasksNothing) {
     o.sliding_window = w;
     RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
                          b.NumSeqs(), o, b.OutView(out));
-    EXPECT_LE(tools::MaxAbsDifference(b, out, ref), 1e-5) << "sliding_window=" << w;
+    EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b))
+        << "sliding_window=" << w;
   }
 }
 
@@ -614,6 +623,87 @@ TEST(RobustnessTest, F4_ViewsAtOddByteAddressesAreRejected) {
       RaggedPagedAttention(b.Q(), c.k_nhd, c.v_nhd, KVLayout::kNHD, b.KvLens(), b.PageIndices(),
                            b.CuQLens(), b.NumSeqs(), {}, out);
     });
+  }
+}
+
+// The F4 message for a view of `name` whose data is not aligned to its
+// `bytes`-byte elements.
+std::string MisalignedMessage(const std::string& name, size_t bytes) {
+  return name + " must be aligned to its " + std::to_string(bytes) +
+         "-byte elements; its data starts at an address that is not. Pass " + name +
+         " in a buffer aligned to its dtype (a copy is), not at an odd byte offset.";
+}
+
+// Expects fn() to throw rpa::Error of kind kLayout with exactly `message`.
+template <class Fn>
+void ExpectMisaligned(const std::string& message, Fn fn) {
+  try {
+    fn();
+    ADD_FAILURE() << "accepted; expected: " << message;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kLayout) << e.what();
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+}
+
+// Finding F4, continued (fixed): the fused cache write's new_k / new_v
+// skipped the check, so a view at an odd byte address still reached typed
+// loads there. Now the same kLayout error, cache and out untouched.
+TEST(RobustnessTest, F4_KvWriteNewRowsAtOddByteAddressesAreRejected) {
+  const SyntheticBatch b = SmallBatch({{3, 5}, {2, 7}}, 3);
+  const TensorView kv = b.KvPages();
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(ToString(dtype));
+    // Zeros: a valid value in every dtype; one spare byte for the odd view.
+    std::vector<uint8_t> rows(b.num_tokens * b.spec.num_kv_heads * b.spec.head_dim *
+                                  SizeOf(dtype) + 1);
+    const TensorView aligned(rows.data(), dtype,
+                             {b.num_tokens, b.spec.num_kv_heads, b.spec.head_dim});
+    TensorView odd = aligned;
+    odd.data = rows.data() + 1;
+    std::vector<uint8_t> cache = b.kv_pages, out(b.q.size(), kSentinel);
+    const MutableTensorView cache_view(cache.data(), kv.dtype,
+                                       {kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[3]});
+    for (const bool k : {true, false}) {
+      ExpectMisaligned(MisalignedMessage(k ? "new_k" : "new_v", SizeOf(dtype)), [&] {
+        RaggedPagedAttentionWithKVWrite(b.Q(), k ? odd : aligned, k ? aligned : odd, cache_view,
+                                        b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
+                                        {}, b.OutView(out));
+      });
+    }
+    EXPECT_TRUE(cache == b.kv_pages) << "cache written on error";
+    EXPECT_TRUE(out == std::vector<uint8_t>(b.q.size(), kSentinel)) << "out written on error";
+  }
+}
+
+// Finding F4, continued (fixed): MergeStates' inputs and outputs skipped the
+// check too. Each of the six, one byte off, is the same kLayout error, with
+// out and lse untouched.
+TEST(RobustnessTest, F4_MergeStatesViewsAtOddByteAddressesAreRejected) {
+  constexpr int64_t kTokens = 2, kHeads = 3, kDim = 4;
+  const char* const names[] = {"out_a", "lse_a", "out_b", "lse_b", "out", "lse"};
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(ToString(dtype));
+    for (int odd = 0; odd < 6; ++odd) {
+      SCOPED_TRACE(names[odd]);
+      // Even entries are outputs [tokens, heads, dim] in `dtype`, odd ones
+      // LSEs [tokens, heads] in f32; each buffer has one spare byte.
+      std::vector<std::vector<uint8_t>> buffers(6);
+      std::vector<MutableTensorView> views;
+      for (int i = 0; i < 6; ++i) {
+        const bool lse = i % 2 == 1;
+        const DType d = lse ? DType::kF32 : dtype;
+        buffers[i].assign(kTokens * kHeads * (lse ? 1 : kDim) * SizeOf(d) + 1, 0);
+        views.push_back(lse ? MutableTensorView(buffers[i].data(), d, {kTokens, kHeads})
+                            : MutableTensorView(buffers[i].data(), d, {kTokens, kHeads, kDim}));
+      }
+      views[odd].data = buffers[odd].data() + 1;
+      const std::vector<std::vector<uint8_t>> before = buffers;
+      ExpectMisaligned(MisalignedMessage(names[odd], SizeOf(views[odd].dtype)), [&] {
+        MergeStates(views[0], views[1], views[2], views[3], views[4], views[5]);
+      });
+      EXPECT_TRUE(buffers == before) << "written on error";
+    }
   }
 }
 

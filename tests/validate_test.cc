@@ -1,4 +1,4 @@
-// Every validation message of SPEC §3, one test each: the exact text (JAX's
+// Every validation message of docs/contract.md §3, one test each: the exact text (JAX's
 // words, then our fix sentence), the ErrorKind, which entry points raise it
 // (a static check fires from StaticValidateInputs too; a dynamic one only
 // once the metadata is read), and that nothing was written: `out` (and `lse`)
@@ -304,7 +304,7 @@ TEST_F(ValidateRaggedTest, AcceptsGarbagePageIndicesBeyondReadRange) {
 }
 
 TEST_F(ValidateRaggedTest, AcceptsGarbageKvLensBeyondNumSeqs) {
-  // SPEC §3: min_pages_per_seq is the max over the first num_seqs sequences.
+  // docs/contract.md §3: min_pages_per_seq is the max over the first num_seqs sequences.
   kv_lens_data_[2] = 1 << 30;
   ExpectAccepted();
   kv_lens_data_[2] = -7;
@@ -846,7 +846,7 @@ TEST_F(ValidateRaggedTest, OutInnermostStrideNotOne) {
                  "or a contiguous copy.");
 }
 
-// ---- Ours: attention sinks and the log-sum-exp output (SPEC §1 conventions).
+// ---- Ours: attention sinks and the log-sum-exp output (docs/contract.md §1 conventions).
 
 TEST_F(ValidateRaggedTest, AcceptsSinksAndLse) {
   options_.sinks = TensorView(sinks_data_.data(), DType::kF32, {kQHeads});

@@ -1,7 +1,7 @@
 // `rpa bench`: this machine's limits and the kernel's speed, measured in one
-// run (SPEC §5, issue 3).
+// run (docs/contract.md §5, issue 3).
 //
-// Limits: tools/machine.h (streaming read bandwidth, f32 FMA and bf16 dot
+// Limits: testing/machine.h (streaming read bandwidth, f32 FMA and bf16 dot
 // peaks, on one thread and on all threads).
 //
 // Workloads run on K/V larger than the last-level cache: one batch is built,
@@ -26,15 +26,30 @@
 
 #include "commands.h"
 #include "compute.h"
-#include "machine.h"
 #include "rpa/rpa.h"
-#include "synthetic_batch.h"
+#include "testing/machine.h"
+#include "testing/synthetic_batch.h"
+#include "testing/workloads.h"
 #include "thread_pool.h"
 #include "validate_internal.h"
-#include "workloads.h"
 
 namespace rpa::tools {
 namespace {
+
+using testing::BatchSpec;
+using testing::CountWork;
+using testing::DecodeLongSequences;
+using testing::DecodeSequences;
+using testing::HigherLimits;
+using testing::HugeBuffer;
+using testing::MachineLimits;
+using testing::MakeSyntheticBatch;
+using testing::MeasureMachine;
+using testing::MixedSequences;
+using testing::PrefillSequences;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
+using testing::WorkCount;
 
 using Clock = std::chrono::steady_clock;
 
@@ -66,7 +81,7 @@ struct Workload {
   double kv_scale = 0.0;  // > 0: k_scale = v_scale = this (quantized K/V).
 };
 
-// The issue's workloads (tools/workloads.h); all with 32 q heads, 8 kv
+// The issue's workloads (testing/workloads.h); all with 32 q heads, 8 kv
 // heads, head_dim 128, page_size 16, bf16 q, pages in random order; bf16
 // K/V except decode-fp8 (the decode shape on fp8 e4m3fn K/V with scales:
 // half the bytes of decode).

@@ -12,12 +12,26 @@
 
 #include "commands.h"
 #include "rpa/rpa.h"
-#include "machine.h"
-#include "synthetic_batch.h"
-#include "workloads.h"
+#include "testing/machine.h"
+#include "testing/synthetic_batch.h"
+#include "testing/tolerance.h"
+#include "testing/workloads.h"
 
 namespace rpa::tools {
 namespace {
+
+using testing::BatchSpec;
+using testing::CountWork;
+using testing::HigherLimits;
+using testing::KvTolerance;
+using testing::MachineLimits;
+using testing::MakeSyntheticBatch;
+using testing::MaxAbsDifference;
+using testing::MeasureMachine;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
+using testing::ToleranceRatio;
+using testing::WorkCount;
 
 struct DemoArgs {
   int64_t num_q_heads = 32;
@@ -36,15 +50,6 @@ struct DemoArgs {
   int threads = 0;
   uint64_t seed = 2026;
 };
-
-// The tolerance SPEC §1 grants the fast path for this K/V dtype.
-double Tolerance(DType kv_dtype) {
-  switch (kv_dtype) {
-    case DType::kF32: return 1e-5;
-    case DType::kBF16: case DType::kF16: return 1e-2;
-    default: return 5e-2;
-  }
-}
 
 DType ParseDType(const std::string& name) {
   const std::optional<DType> dtype = DTypeFromString(name);
@@ -110,7 +115,7 @@ int RunDemo(const DemoArgs& args) {
   RefRaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), batch.PageIndices(),
                           batch.CuQLens(), batch.NumSeqs(), options, batch.OutView(expected));
   const double error = MaxAbsDifference(batch, out, expected);
-  const double tolerance = Tolerance(spec.kv_dtype);
+  const double tolerance = KvTolerance(spec.kv_dtype);
   const double ratio = ToleranceRatio(batch, out, expected, tolerance);
   const bool verified = ratio <= 1.0;  // False for NaN too.
 

@@ -18,11 +18,21 @@
 #include "kernel/dispatch.h"
 #include "rpa/rpa.h"
 #include "rpa/block_sizes.h"
-#include "synthetic_batch.h"
-#include "workloads.h"
+#include "testing/synthetic_batch.h"
+#include "testing/workloads.h"
 
 namespace rpa::tools {
 namespace {
+
+using testing::BatchSpec;
+using testing::DecodeSequences;
+using testing::HeadConfig;
+using testing::MakeSyntheticBatch;
+using testing::MixedSequences;
+using testing::ModelPresets;
+using testing::PrefillSequences;
+using testing::SequenceShape;
+using testing::SyntheticBatch;
 
 using Clock = std::chrono::steady_clock;
 

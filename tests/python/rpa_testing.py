@@ -9,8 +9,37 @@ import numpy as np
 
 DEFAULT_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
-# docs/contract.md §1: fast path vs reference, by KV dtype.
-TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2, "int8": 5e-2}
+# docs/contract.md §1's tolerance table, the one copy of the Python tests (the C++ one is
+# testing/tolerance.h): max abs error of the fast path against the reference on
+# unit-normal inputs, by K/V dtype (float32 at sm_scale = head_dim ** -0.5).
+TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-2,
+             "float8_e4m3fn": 5e-2, "float8_e5m2": 5e-2, "int8": 5e-2}
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+def dtype_name(dtype):
+  """'float32', 'bfloat16', ... for a NumPy dtype or scalar type, a torch
+  dtype or a name."""
+  if isinstance(dtype, str):
+    return dtype
+  if type(dtype).__module__.split(".")[0] == "torch":
+    return str(dtype).replace("torch.", "")
+  return np.dtype(dtype).name
+
+
+def tolerance(kv_dtype, expected=None, q_dtype=None):
+  """TOLERANCE[kv_dtype]; with q_dtype, at least TOLERANCE[q_dtype] (a 16-bit
+  output rounds by about that much); with `expected` and an 8-bit float K/V
+  dtype, at least 2e-3 of the outputs' magnitude: their decode may multiply
+  and sum in f16 (docs/decisions.md), ~2^-11 of the values summed per
+  rounding."""
+  kv_dtype = dtype_name(kv_dtype)
+  tol = TOLERANCE[kv_dtype]
+  if q_dtype is not None:
+    tol = max(tol, TOLERANCE[dtype_name(q_dtype)])
+  if expected is not None and kv_dtype in FP8:
+    tol = max(tol, 2e-3 * float(np.nanmax(np.abs(np.asarray(to_numpy(expected), np.float64)))))
+  return tol
 
 
 def cdiv(a, b):

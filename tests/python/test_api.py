@@ -12,7 +12,7 @@ import pytest
 
 import rpa
 from rpa_testing import (DEFAULT_MASK_VALUE, TOLERANCE, make_batch, max_abs_diff, numpy_ref,
-                         to_numpy, to_torch)
+                         to_numpy, to_torch, tolerance)
 
 _POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
 _KW = inspect.Parameter.KEYWORD_ONLY
@@ -77,8 +77,7 @@ def _check(batch, tol=None, torch_dtype=None, **options):
   ref = rpa.ref_ragged_paged_attention(*args, **options)
   assert type(out) is type(args[0]) and type(ref) is type(args[0])
   assert tuple(out.shape) == tuple(batch.q.shape) and out.dtype == args[0].dtype
-  kv_name = str(args[1].dtype).replace("torch.", "")
-  tol = TOLERANCE[kv_name] if tol is None else tol
+  tol = tolerance(args[1].dtype) if tol is None else tol
   err = max_abs_diff(out, ref)
   assert err <= tol, f"max |out - ref| = {err} > {tol} with {options}"
   # Padding rows are zero, before cu_q_lens[0] and from cu_q_lens[num_seqs].
@@ -100,8 +99,7 @@ MIXED = [(1, 9), (5, 13), (7, 7), (1, 1), (3, 30)]  # decode, chunked, full pref
 def test_numpy_dtypes_and_gqa(rng, q_dtype, kv_dtype, heads):
   b = make_batch(rng, MIXED, num_q_heads=heads[0], num_kv_heads=heads[1], q_dtype=q_dtype,
                  kv_dtype=kv_dtype)
-  tol = 1e-5 if (q_dtype, kv_dtype) == (np.float32, np.float32) else 1e-2
-  _check(b, tol=tol, sm_scale=0.25)
+  _check(b, tol=tolerance(kv_dtype, q_dtype=q_dtype), sm_scale=0.25)
 
 
 @pytest.mark.parametrize("head_dim", [1, 3, 64, 80, 128, 130])
@@ -178,7 +176,7 @@ def test_split_caches_match_combined(rng, layout):
     np.testing.assert_array_equal(split, combined)
     ref = rpa.ref_ragged_paged_attention(b.q, kv, *b.args[2:], kv_layout=layout,
                                          sliding_window=7)
-    assert max_abs_diff(ref, split) <= 1e-5
+    assert max_abs_diff(ref, split) <= TOLERANCE["float32"]
   if layout == "NHD":  # The default for a pair.
     np.testing.assert_array_equal(
         rpa.ragged_paged_attention(b.q, (k, v), *b.args[2:], sliding_window=7), combined)
@@ -207,7 +205,7 @@ def test_return_lse_and_sinks(rng):
   ref_out, ref_lse = rpa.ref_ragged_paged_attention(*b.args, return_lse=True)
   assert lse.shape == b.q.shape[:2] and lse.dtype == np.float32
   np.testing.assert_allclose(lse, ref_lse, atol=1e-5)
-  assert max_abs_diff(out, ref_out) <= 1e-5
+  assert max_abs_diff(out, ref_out) <= TOLERANCE["float32"]
   n = int(b.num_seqs[0])
   assert np.all(np.isneginf(lse[b.cu_q_lens[n]:]))
   # lse of the decode row 0 directly: log sum exp over its 9 keys.
@@ -218,7 +216,8 @@ def test_return_lse_and_sinks(rng):
 
   sinks = rng.standard_normal(4).astype(np.float32)
   with_sinks = rpa.ragged_paged_attention(*b.args, sinks=sinks)
-  assert max_abs_diff(with_sinks, rpa.ref_ragged_paged_attention(*b.args, sinks=sinks)) <= 1e-5
+  assert (max_abs_diff(with_sinks, rpa.ref_ragged_paged_attention(*b.args, sinks=sinks))
+          <= TOLERANCE["float32"])
   # A sink only adds to the denominator: output shrinks by sum / (sum + e^sink).
   scale = np.exp(lse) / (np.exp(lse) + np.exp(sinks)[None, :])
   live = slice(int(b.cu_q_lens[0]), int(b.cu_q_lens[n]))
@@ -248,7 +247,7 @@ def test_paged_attention_matches_ragged(rng, block):
   ref = numpy_ref(q, combined, lengths, page_indices, np.arange(6, dtype=np.int32),
                   np.array([5]), soft_cap=20.0)
   ref[3] = 0.0  # length 0: a padded batch entry, output row 0.
-  assert max_abs_diff(out, ref) <= 1e-5
+  assert max_abs_diff(out, ref) <= TOLERANCE["float32"]
   assert not np.any(out[3])
 
 
@@ -273,7 +272,7 @@ def test_python_lists_and_scalars_as_metadata(rng):
     rpa.ragged_paged_attention(b.q, b.kv_pages, [5], b.page_indices.tolist(), [0, 2], [1])
   out = rpa.ragged_paged_attention(b.q, b.kv_pages, np.array([5], np.int32),
                                    b.page_indices, b.cu_q_lens, np.int32([1]))
-  assert max_abs_diff(out, numpy_ref(*b.args)) <= 1e-5
+  assert max_abs_diff(out, numpy_ref(*b.args)) <= TOLERANCE["float32"]
 
 
 def test_out_argument(rng):

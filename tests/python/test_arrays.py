@@ -11,7 +11,7 @@ import pytest
 
 import rpa
 from rpa import _rpa
-from rpa_testing import TOLERANCE, make_batch, max_abs_diff, to_numpy, to_torch
+from rpa_testing import make_batch, max_abs_diff, to_numpy, to_torch, tolerance
 
 MIXED = [(1, 9), (5, 13), (7, 7), (3, 30)]
 
@@ -129,7 +129,7 @@ def test_torch_dtypes_match_reference(rng, q_dtype, kv_dtype):
   ref = rpa.ref_ragged_paged_attention(*t, sm_scale=0.2, soft_cap=10.0)
   assert isinstance(out, torch.Tensor) and out.dtype == t[0].dtype
   assert tuple(out.shape) == b.q.shape
-  tol = 1e-5 if q_dtype == kv_dtype == "float32" else TOLERANCE["bfloat16"]
+  tol = tolerance(kv_dtype, q_dtype=q_dtype)
   # A bf16 output may also land one bf16 step (2^-7 relative) apart.
   ulp = 2.0**-7 if q_dtype == "bfloat16" else 0.0
   o, r = to_numpy(out).astype(np.float64), to_numpy(ref).astype(np.float64)

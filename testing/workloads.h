@@ -1,14 +1,14 @@
 // The representative serving steps that `rpa bench` and `rpa tune` measure,
 // for any model's head configuration.
-#ifndef RPA_TOOLS_WORKLOADS_H_
-#define RPA_TOOLS_WORKLOADS_H_
+#ifndef RPA_TESTING_WORKLOADS_H_
+#define RPA_TESTING_WORKLOADS_H_
 
 #include <string>
 #include <vector>
 
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
 
-namespace rpa::tools {
+namespace rpa::testing {
 
 struct HeadConfig {
   std::string name;
@@ -37,6 +37,6 @@ struct WorkCount {
 };
 WorkCount CountWork(const BatchSpec& spec);
 
-}  // namespace rpa::tools
+}  // namespace rpa::testing
 
-#endif  // RPA_TOOLS_WORKLOADS_H_
+#endif  // RPA_TESTING_WORKLOADS_H_

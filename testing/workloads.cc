@@ -1,6 +1,6 @@
-#include "workloads.h"
+#include "testing/workloads.h"
 
-namespace rpa::tools {
+namespace rpa::testing {
 
 const std::vector<HeadConfig>& ModelPresets() {
   static const std::vector<HeadConfig> presets = {
@@ -36,4 +36,4 @@ WorkCount CountWork(const BatchSpec& spec) {
   return work;
 }
 
-}  // namespace rpa::tools
+}  // namespace rpa::testing

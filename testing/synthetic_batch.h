@@ -2,8 +2,8 @@
 // the way a serving engine's scheduler would (pages scattered in random
 // order, the page table padded with garbage, pages beyond each kv_len filled
 // with NaN). Shared by the demo, the benchmarks and the tests.
-#ifndef RPA_TOOLS_SYNTHETIC_BATCH_H_
-#define RPA_TOOLS_SYNTHETIC_BATCH_H_
+#ifndef RPA_TESTING_SYNTHETIC_BATCH_H_
+#define RPA_TESTING_SYNTHETIC_BATCH_H_
 
 #include <cstdint>
 #include <vector>
@@ -12,7 +12,7 @@
 #include "rpa/dtype.h"
 #include "rpa/tensor.h"
 
-namespace rpa::tools {
+namespace rpa::testing {
 
 struct SequenceShape {
   int32_t q_len = 1;
@@ -68,12 +68,13 @@ double MaxAbsDifference(const SyntheticBatch& batch, const std::vector<uint8_t>&
                         const std::vector<uint8_t>& b);
 
 // Max over elements of |a - b| / (tolerance + one unit in the last place of
-// the output dtype at |b|): <= 1 when a agrees with the reference b within
-// SPEC §1's tolerance, allowing each side's final rounding to q's dtype
+// the output dtype at |b|, OutputUlp in testing/tolerance.h, f32 outputs
+// included): <= 1 when a agrees with the reference b within docs/contract.md §1's
+// tolerance (KvTolerance), allowing each side's final rounding to q's dtype
 // (one bf16 ulp at 2.0 is 0.0156). NaN if either holds a NaN.
 double ToleranceRatio(const SyntheticBatch& batch, const std::vector<uint8_t>& a,
                       const std::vector<uint8_t>& b, double tolerance);
 
-}  // namespace rpa::tools
+}  // namespace rpa::testing
 
-#endif  // RPA_TOOLS_SYNTHETIC_BATCH_H_
+#endif  // RPA_TESTING_SYNTHETIC_BATCH_H_

@@ -1,18 +1,18 @@
-// This machine's limits, measured (SPEC §5): streaming read bandwidth over a
+// This machine's limits, measured (docs/contract.md §5): streaming read bandwidth over a
 // buffer several times the last-level cache, the f32 FMA peak, and the bf16
 // dot peak (vdpbf16ps) and the f16 FMA peak (vfmadd231ph) where the CPU has
 // them, each on one thread and on
 // `threads` threads at once. `rpa bench` reports its workloads as fractions
 // of these; `rpa demo` can print its speed against them.
-#ifndef RPA_TOOLS_MACHINE_H_
-#define RPA_TOOLS_MACHINE_H_
+#ifndef RPA_TESTING_MACHINE_H_
+#define RPA_TESTING_MACHINE_H_
 
 #include <cstddef>
 #include <cstdint>
 
 #include "rpa/dtype.h"
 
-namespace rpa::tools {
+namespace rpa::testing {
 
 struct MachineLimits {
   int threads = 1;          // The "all threads" count measured.
@@ -60,6 +60,6 @@ struct HugeBuffer {
 
 int64_t LastLevelCacheBytes();
 
-}  // namespace rpa::tools
+}  // namespace rpa::testing
 
-#endif  // RPA_TOOLS_MACHINE_H_
+#endif  // RPA_TESTING_MACHINE_H_

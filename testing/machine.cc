@@ -1,4 +1,4 @@
-#include "machine.h"
+#include "testing/machine.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -22,7 +22,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-namespace rpa::tools {
+namespace rpa::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -278,4 +278,4 @@ MachineLimits HigherLimits(const MachineLimits& a, const MachineLimits& b) {
   return m;
 }
 
-}  // namespace rpa::tools
+}  // namespace rpa::testing

@@ -1,11 +1,13 @@
-#include "synthetic_batch.h"
+#include "testing/synthetic_batch.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 
-namespace rpa::tools {
+#include "testing/tolerance.h"
+
+namespace rpa::testing {
 namespace {
 
 void FillNormal(std::vector<uint8_t>& buffer, DType dtype, int64_t count, std::mt19937_64& rng) {
@@ -132,18 +134,17 @@ double MaxAbsDifference(const SyntheticBatch& batch, const std::vector<uint8_t>&
 double ToleranceRatio(const SyntheticBatch& batch, const std::vector<uint8_t>& a,
                       const std::vector<uint8_t>& b, double tolerance) {
   const DType dtype = batch.spec.q_dtype;
-  const int mantissa_bits = dtype == DType::kBF16 ? 7 : dtype == DType::kF16 ? 10 : 23;
   const int64_t count = batch.num_tokens * batch.spec.num_q_heads * batch.spec.head_dim;
   double worst = 0.0;
   for (int64_t i = 0; i < count; ++i) {
     const double got = LoadAsF32(dtype, a.data(), i);
     const double want = LoadAsF32(dtype, b.data(), i);
     const double ratio = std::fabs(got - want) /
-                         (tolerance + std::ldexp(std::fabs(want), -mantissa_bits));
+                         (tolerance + OutputUlp(dtype) * std::fabs(want));
     if (std::isnan(ratio)) return NAN;
     worst = std::max(worst, ratio);
   }
   return worst;
 }
 
-}  // namespace rpa::tools
+}  // namespace rpa::testing
