@@ -123,8 +123,10 @@ void BM_Decode(benchmark::State& state) {
     const TensorView view(cache.Copy(copy), kv.dtype,
                           {kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[3]});
     copy = (copy + 1) % cache.copies;
-    RaggedPagedAttention(batch.Q(), view, batch.KvLens(), batch.PageIndices(), batch.CuQLens(),
-                         batch.NumSeqs(), options, batch.OutView(out));
+    RaggedPagedAttention(
+        batch.Q(), view,
+        PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}, options,
+        batch.OutView(out));
   }
   state.counters["KV_bytes/s"] =
       benchmark::Counter(kDecodeKvBytes * state.iterations(), benchmark::Counter::kIsRate);
@@ -199,8 +201,9 @@ void BM_DecodeHot(benchmark::State& state) {
   options.sm_scale = 1.0 / std::sqrt(128.0);
   options.num_threads = static_cast<int>(state.range(0));
   for (auto _ : state) {
-    RaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), hot_pages, batch.CuQLens(),
-                         batch.NumSeqs(), options, batch.OutView(out));
+    RaggedPagedAttention(batch.Q(), batch.KvPages(),
+                         PageTable{batch.KvLens(), hot_pages, batch.CuQLens(), batch.NumSeqs()},
+                         options, batch.OutView(out));
   }
   state.counters["FLOP/s"] = benchmark::Counter(kDecodeFlops * group / 4 * state.iterations(),
                                                 benchmark::Counter::kIsRate);

@@ -79,14 +79,17 @@ bool Run(const RaggedCase& c, const NewRows& r, Buffer& k, Buffer& v, Buffer& ou
     const rpa::AttentionOptions options = c.BoundOptions(&lse);
     const rpa::TensorView new_k = RowsView(c, r, r.k), new_v = RowsView(c, r, r.v);
     if (c.layout == Layout::kCombined) {
-      rpa::RaggedPagedAttentionWithKVWrite(c.Q(), new_k, new_v, Mutable(c.K(), k.Data()),
-                                           c.KvLens(), c.PageIndices(), c.CuQLens(),
-                                           c.NumSeqs(), options, c.OutView(out));
+      rpa::RaggedPagedAttentionWithKVWrite(
+          c.Q(), new_k, new_v, Mutable(c.K(), k.Data()),
+          rpa::PageTable{c.KvLens(), c.PageIndices(), c.CuQLens(), c.NumSeqs()}, options,
+          c.OutView(out));
     } else {
       rpa::RaggedPagedAttentionWithKVWrite(
-          c.Q(), new_k, new_v, Mutable(c.K(), k.Data()), Mutable(c.V(), v.Data()),
-          c.layout == Layout::kNHD ? rpa::KVLayout::kNHD : rpa::KVLayout::kHND, c.KvLens(),
-          c.PageIndices(), c.CuQLens(), c.NumSeqs(), options, c.OutView(out));
+          c.Q(), new_k, new_v,
+          rpa::MutableKVPages{Mutable(c.K(), k.Data()), Mutable(c.V(), v.Data()),
+                         c.layout == Layout::kNHD ? rpa::KVLayout::kNHD : rpa::KVLayout::kHND},
+          rpa::PageTable{c.KvLens(), c.PageIndices(), c.CuQLens(), c.NumSeqs()}, options,
+          c.OutView(out));
     }
     return false;
   } catch (const rpa::Error& e) {

@@ -252,10 +252,12 @@ void ReferenceRow(const PagedCase& c, int64_t b, Buffer& out) {
     o.mask_value = c.options.mask_value;
     o.soft_cap = c.options.attn_logits_soft_cap;
     rpa::RefRaggedPagedAttention(
-        q_view, hnd(c.k), hnd(c.v), rpa::KVLayout::kHND, rpa::TensorView(kv_lens, DType::kI32, {1}),
-        rpa::TensorView(c.page_indices.data() + b * c.pps, DType::kI32, {1, c.pps}),
-        rpa::TensorView(cu, DType::kI32, {2}), rpa::TensorView(num_seqs, DType::kI32, {1}), o,
-        rpa::MutableTensorView(one.Data(), c.q_dtype, {1, c.q_heads, c.head_dim}));
+        q_view, rpa::KVPages{hnd(c.k), hnd(c.v), rpa::KVLayout::kHND},
+        rpa::PageTable{rpa::TensorView(kv_lens, DType::kI32, {1}),
+                  rpa::TensorView(c.page_indices.data() + b * c.pps, DType::kI32, {1, c.pps}),
+                  rpa::TensorView(cu, DType::kI32, {2}),
+                  rpa::TensorView(num_seqs, DType::kI32, {1})},
+        o, rpa::MutableTensorView(one.Data(), c.q_dtype, {1, c.q_heads, c.head_dim}));
   }
   for (int64_t i = 0; i < row; ++i) out.Store(b * row + i, len > 0 ? one.Load(i) : 0.0f);
 }

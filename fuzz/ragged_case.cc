@@ -488,20 +488,24 @@ void CallRagged(const RaggedCase& c, bool reference, const AttentionOptions& opt
                 const MutableTensorView& out) {
   if (c.layout == Layout::kCombined) {
     if (reference) {
-      RefRaggedPagedAttention(c.Q(), c.K(), c.KvLens(), c.PageIndices(), c.CuQLens(),
-                              c.NumSeqs(), options, out);
+      RefRaggedPagedAttention(c.Q(), c.K(),
+                              PageTable{c.KvLens(), c.PageIndices(), c.CuQLens(), c.NumSeqs()},
+                              options, out);
     } else {
-      RaggedPagedAttention(c.Q(), c.K(), c.KvLens(), c.PageIndices(), c.CuQLens(), c.NumSeqs(),
+      RaggedPagedAttention(c.Q(), c.K(),
+                           PageTable{c.KvLens(), c.PageIndices(), c.CuQLens(), c.NumSeqs()},
                            options, out);
     }
   } else {
     const KVLayout layout = c.layout == Layout::kNHD ? KVLayout::kNHD : KVLayout::kHND;
     if (reference) {
-      RefRaggedPagedAttention(c.Q(), c.K(), c.V(), layout, c.KvLens(), c.PageIndices(),
-                              c.CuQLens(), c.NumSeqs(), options, out);
+      RefRaggedPagedAttention(c.Q(), KVPages{c.K(), c.V(), layout},
+                              PageTable{c.KvLens(), c.PageIndices(), c.CuQLens(), c.NumSeqs()},
+                              options, out);
     } else {
-      RaggedPagedAttention(c.Q(), c.K(), c.V(), layout, c.KvLens(), c.PageIndices(), c.CuQLens(),
-                           c.NumSeqs(), options, out);
+      RaggedPagedAttention(c.Q(), KVPages{c.K(), c.V(), layout},
+                           PageTable{c.KvLens(), c.PageIndices(), c.CuQLens(), c.NumSeqs()},
+                           options, out);
     }
   }
 }

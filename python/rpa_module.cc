@@ -658,23 +658,28 @@ py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::
   {
     py::gil_scoped_release release;
     if (a.split() && reference) {
-      rpa::RefRaggedPagedAttention(a.q.const_view(), a.k.const_view(), a.v.const_view(),
-                                   *a.layout, a.kv_lens.const_view(),
-                                   a.page_indices.const_view(), a.cu_q_lens.const_view(),
-                                   a.num_seqs.const_view(), options, output.view());
+      rpa::RefRaggedPagedAttention(
+          a.q.const_view(), rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
+          rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                         a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+          options, output.view());
     } else if (a.split()) {
-      rpa::RaggedPagedAttention(a.q.const_view(), a.k.const_view(), a.v.const_view(), *a.layout,
-                                a.kv_lens.const_view(), a.page_indices.const_view(),
-                                a.cu_q_lens.const_view(), a.num_seqs.const_view(), options,
-                                output.view());
+      rpa::RaggedPagedAttention(a.q.const_view(),
+                                rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
+                                rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                                               a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+                                options, output.view());
     } else if (reference) {
-      rpa::RefRaggedPagedAttention(a.q.const_view(), a.k.const_view(), a.kv_lens.const_view(),
-                                   a.page_indices.const_view(), a.cu_q_lens.const_view(),
-                                   a.num_seqs.const_view(), options, output.view());
+      rpa::RefRaggedPagedAttention(
+          a.q.const_view(), a.k.const_view(),
+          rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                         a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+          options, output.view());
     } else {
-      rpa::RaggedPagedAttention(a.q.const_view(), a.k.const_view(), a.kv_lens.const_view(),
-                                a.page_indices.const_view(), a.cu_q_lens.const_view(),
-                                a.num_seqs.const_view(), options, output.view());
+      rpa::RaggedPagedAttention(a.q.const_view(), a.k.const_view(),
+                                rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                                               a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+                                options, output.view());
     }
   }
   output.Commit();
@@ -698,23 +703,28 @@ void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, py::handle
   py::gil_scoped_release release;
   if (a.split()) {
     if (dynamic) {
-      rpa::DynamicValidateInputs(a.q.const_view(), a.k.const_view(), a.v.const_view(),
-                                 *a.layout, a.kv_lens.const_view(),
-                                 a.page_indices.const_view(), a.cu_q_lens.const_view(),
-                                 a.num_seqs.const_view(), options);
+      rpa::DynamicValidateInputs(a.q.const_view(),
+                                 rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
+                                 rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                                                a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+                                 options);
     } else {
-      rpa::StaticValidateInputs(a.q.const_view(), a.k.const_view(), a.v.const_view(), *a.layout,
-                                a.kv_lens.const_view(), a.page_indices.const_view(),
-                                a.cu_q_lens.const_view(), a.num_seqs.const_view(), options);
+      rpa::StaticValidateInputs(a.q.const_view(),
+                                rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
+                                rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                                               a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+                                options);
     }
   } else if (dynamic) {
-    rpa::DynamicValidateInputs(a.q.const_view(), a.k.const_view(), a.kv_lens.const_view(),
-                               a.page_indices.const_view(), a.cu_q_lens.const_view(),
-                               a.num_seqs.const_view(), options);
+    rpa::DynamicValidateInputs(a.q.const_view(), a.k.const_view(),
+                               rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                                              a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+                               options);
   } else {
-    rpa::StaticValidateInputs(a.q.const_view(), a.k.const_view(), a.kv_lens.const_view(),
-                              a.page_indices.const_view(), a.cu_q_lens.const_view(),
-                              a.num_seqs.const_view(), options);
+    rpa::StaticValidateInputs(a.q.const_view(), a.k.const_view(),
+                              rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                                             a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+                              options);
   }
 }
 
@@ -799,14 +809,17 @@ py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, p
     py::gil_scoped_release release;
     if (a.split()) {
       rpa::RaggedPagedAttentionWithKVWrite(
-          a.q.const_view(), ank.const_view(), anv.const_view(), k_cache.view(), v_cache->view(),
-          *a.layout, a.kv_lens.const_view(), a.page_indices.const_view(),
-          a.cu_q_lens.const_view(), a.num_seqs.const_view(), options, output.view());
+          a.q.const_view(), ank.const_view(), anv.const_view(),
+          rpa::MutableKVPages{k_cache.view(), v_cache->view(), *a.layout},
+          rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                         a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+          options, output.view());
     } else {
       rpa::RaggedPagedAttentionWithKVWrite(
           a.q.const_view(), ank.const_view(), anv.const_view(), k_cache.view(),
-          a.kv_lens.const_view(), a.page_indices.const_view(), a.cu_q_lens.const_view(),
-          a.num_seqs.const_view(), options, output.view());
+          rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                         a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+          options, output.view());
     }
   }
   k_cache.Commit();

@@ -74,24 +74,16 @@ void WriteThenAttend(const internal::RaggedInputs& inputs, const TensorView& new
 
 void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
                                      const TensorView& new_v, const MutableTensorView& kv_pages,
-                                     const TensorView& kv_lens, const TensorView& page_indices,
-                                     const TensorView& cu_q_lens, const TensorView& num_seqs,
-                                     const AttentionOptions& options,
+                                     const PageTable& page_table, const AttentionOptions& options,
                                      const MutableTensorView& out) {
-  WriteThenAttend(
-      internal::CombinedInputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs), new_k,
-      new_v, options, out);
+  WriteThenAttend(internal::CombinedInputs(q, kv_pages, page_table), new_k, new_v, options, out);
 }
 
 void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
-                                     const TensorView& new_v, const MutableTensorView& k_pages,
-                                     const MutableTensorView& v_pages, KVLayout layout,
-                                     const TensorView& kv_lens, const TensorView& page_indices,
-                                     const TensorView& cu_q_lens, const TensorView& num_seqs,
-                                     const AttentionOptions& options,
+                                     const TensorView& new_v, const MutableKVPages& kv,
+                                     const PageTable& page_table, const AttentionOptions& options,
                                      const MutableTensorView& out) {
-  WriteThenAttend(internal::SplitInputs(q, k_pages, v_pages, layout, kv_lens, page_indices,
-                                        cu_q_lens, num_seqs),
+  WriteThenAttend(internal::SplitInputs(q, KVPages{kv.k_pages, kv.v_pages, kv.layout}, page_table),
                   new_k, new_v, options, out);
 }
 

@@ -106,23 +106,16 @@ void ReferenceAttention(const AttentionProblem& p) {
 namespace rpa {
 
 void RefRaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
-                             const TensorView& kv_lens, const TensorView& page_indices,
-                             const TensorView& cu_q_lens, const TensorView& num_seqs,
-                             const AttentionOptions& options, const MutableTensorView& out) {
-  internal::ReferenceAttention(internal::ValidateRagged(
-      internal::CombinedInputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs), options,
-      out));
+                             const PageTable& page_table, const AttentionOptions& options,
+                             const MutableTensorView& out) {
+  internal::ReferenceAttention(
+      internal::ValidateRagged(internal::CombinedInputs(q, kv_pages, page_table), options, out));
 }
 
-void RefRaggedPagedAttention(const TensorView& q, const TensorView& k_pages,
-                             const TensorView& v_pages, KVLayout layout,
-                             const TensorView& kv_lens, const TensorView& page_indices,
-                             const TensorView& cu_q_lens, const TensorView& num_seqs,
+void RefRaggedPagedAttention(const TensorView& q, const KVPages& kv, const PageTable& page_table,
                              const AttentionOptions& options, const MutableTensorView& out) {
-  internal::ReferenceAttention(internal::ValidateRagged(
-      internal::SplitInputs(q, k_pages, v_pages, layout, kv_lens, page_indices, cu_q_lens,
-                            num_seqs),
-      options, out));
+  internal::ReferenceAttention(
+      internal::ValidateRagged(internal::SplitInputs(q, kv, page_table), options, out));
 }
 
 }  // namespace rpa

@@ -186,24 +186,26 @@ void BindLse(const MutableTensorView& lse, AttentionProblem& p) {
 }  // namespace
 
 RaggedInputs CombinedInputs(const TensorView& q, const TensorView& kv_pages,
-                            const TensorView& kv_lens, const TensorView& page_indices,
-                            const TensorView& cu_q_lens, const TensorView& num_seqs) {
-  return RaggedInputs{q,       kv_pages,     kv_pages,  CacheLayout::kCombined,
-                      kv_lens, page_indices, cu_q_lens, num_seqs};
+                            const PageTable& page_table) {
+  return RaggedInputs{q,
+                      kv_pages,
+                      kv_pages,
+                      CacheLayout::kCombined,
+                      page_table.kv_lens,
+                      page_table.page_indices,
+                      page_table.cu_q_lens,
+                      page_table.num_seqs};
 }
 
-RaggedInputs SplitInputs(const TensorView& q, const TensorView& k_pages,
-                         const TensorView& v_pages, KVLayout layout, const TensorView& kv_lens,
-                         const TensorView& page_indices, const TensorView& cu_q_lens,
-                         const TensorView& num_seqs) {
+RaggedInputs SplitInputs(const TensorView& q, const KVPages& kv, const PageTable& page_table) {
   return RaggedInputs{q,
-                      k_pages,
-                      v_pages,
-                      layout == KVLayout::kNHD ? CacheLayout::kNHD : CacheLayout::kHND,
-                      kv_lens,
-                      page_indices,
-                      cu_q_lens,
-                      num_seqs};
+                      kv.k_pages,
+                      kv.v_pages,
+                      kv.layout == KVLayout::kNHD ? CacheLayout::kNHD : CacheLayout::kHND,
+                      page_table.kv_lens,
+                      page_table.page_indices,
+                      page_table.cu_q_lens,
+                      page_table.num_seqs};
 }
 
 AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& options) {
@@ -600,42 +602,27 @@ AttentionProblem ValidatePagedAttention(const TensorView& q, const TensorView& k
 namespace rpa {
 
 void StaticValidateInputs(const TensorView& q, const TensorView& kv_pages,
-                          const TensorView& kv_lens, const TensorView& page_indices,
-                          const TensorView& cu_q_lens, const TensorView& num_seqs,
-                          const AttentionOptions& options) {
-  internal::StaticValidate(
-      internal::CombinedInputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs), options);
+                          const PageTable& page_table, const AttentionOptions& options) {
+  internal::StaticValidate(internal::CombinedInputs(q, kv_pages, page_table), options);
 }
 
-void StaticValidateInputs(const TensorView& q, const TensorView& k_pages,
-                          const TensorView& v_pages, KVLayout layout,
-                          const TensorView& kv_lens, const TensorView& page_indices,
-                          const TensorView& cu_q_lens, const TensorView& num_seqs,
+void StaticValidateInputs(const TensorView& q, const KVPages& kv, const PageTable& page_table,
                           const AttentionOptions& options) {
-  internal::StaticValidate(internal::SplitInputs(q, k_pages, v_pages, layout, kv_lens,
-                                                 page_indices, cu_q_lens, num_seqs),
-                           options);
+  internal::StaticValidate(internal::SplitInputs(q, kv, page_table), options);
 }
 
 void DynamicValidateInputs(const TensorView& q, const TensorView& kv_pages,
-                           const TensorView& kv_lens, const TensorView& page_indices,
-                           const TensorView& cu_q_lens, const TensorView& num_seqs,
-                           const AttentionOptions& options) {
-  internal::AttentionProblem problem = internal::StaticValidate(
-      internal::CombinedInputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs), options);
-  internal::DynamicValidate(*static_cast<const int32_t*>(num_seqs.data), problem);
+                           const PageTable& page_table, const AttentionOptions& options) {
+  internal::AttentionProblem problem =
+      internal::StaticValidate(internal::CombinedInputs(q, kv_pages, page_table), options);
+  internal::DynamicValidate(*static_cast<const int32_t*>(page_table.num_seqs.data), problem);
 }
 
-void DynamicValidateInputs(const TensorView& q, const TensorView& k_pages,
-                           const TensorView& v_pages, KVLayout layout,
-                           const TensorView& kv_lens, const TensorView& page_indices,
-                           const TensorView& cu_q_lens, const TensorView& num_seqs,
+void DynamicValidateInputs(const TensorView& q, const KVPages& kv, const PageTable& page_table,
                            const AttentionOptions& options) {
-  internal::AttentionProblem problem = internal::StaticValidate(
-      internal::SplitInputs(q, k_pages, v_pages, layout, kv_lens, page_indices, cu_q_lens,
-                            num_seqs),
-      options);
-  internal::DynamicValidate(*static_cast<const int32_t*>(num_seqs.data), problem);
+  internal::AttentionProblem problem =
+      internal::StaticValidate(internal::SplitInputs(q, kv, page_table), options);
+  internal::DynamicValidate(*static_cast<const int32_t*>(page_table.num_seqs.data), problem);
 }
 
 }  // namespace rpa

@@ -50,12 +50,8 @@ struct RaggedInputs {
 };
 
 RaggedInputs CombinedInputs(const TensorView& q, const TensorView& kv_pages,
-                            const TensorView& kv_lens, const TensorView& page_indices,
-                            const TensorView& cu_q_lens, const TensorView& num_seqs);
-RaggedInputs SplitInputs(const TensorView& q, const TensorView& k_pages,
-                         const TensorView& v_pages, KVLayout layout, const TensorView& kv_lens,
-                         const TensorView& page_indices, const TensorView& cu_q_lens,
-                         const TensorView& num_seqs);
+                            const PageTable& page_table);
+RaggedInputs SplitInputs(const TensorView& q, const KVPages& kv, const PageTable& page_table);
 
 // Static checks; describes the problem (metadata pointers set, not read).
 AttentionProblem StaticValidate(const RaggedInputs& inputs, const AttentionOptions& options);

@@ -303,15 +303,17 @@ TEST_P(LayoutTest, AllLayoutsAgree) {
 
   // The reference on the combined layout.
   std::vector<uint8_t> ref_out = b.NewOutput();
-  RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
-                          options, b.OutView(ref_out));
+  RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, options,
+                          b.OutView(ref_out));
   const std::vector<float> ref = Decode(spec.q_dtype, ref_out, count);
 
   // The production path on the combined layout, contiguous.
   std::vector<uint8_t> out = b.NewOutput();
   std::fill(out.begin(), out.end(), 0xFF);  // NaN in every float dtype.
-  RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
-                       options, b.OutView(out));
+  RaggedPagedAttention(b.Q(), b.KvPages(),
+                       PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, options,
+                       b.OutView(out));
   const std::vector<float> combined = Decode(spec.q_dtype, out, count);
   ExpectClose(combined, ref, spec.q_dtype, spec.kv_dtype, hq, d, "combined vs reference");
 
@@ -321,7 +323,8 @@ TEST_P(LayoutTest, AllLayoutsAgree) {
     {
       const CopiedCache kv = CopyCache(b, -1, KVLayout::kNHD, pad);
       StridedOutput o(spec.q_dtype, b.num_tokens, hq, d, pad, NAN);
-      RaggedPagedAttention(q.view, kv.view, b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
+      RaggedPagedAttention(q.view, kv.view,
+                           PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
                            options, o.View());
       ExpectIdentical(o.Values(), combined, hq, d, "combined" + suffix);
       EXPECT_TRUE(o.PaddingUntouched()) << "combined" + suffix;
@@ -331,15 +334,17 @@ TEST_P(LayoutTest, AllLayoutsAgree) {
       const CopiedCache k = CopyCache(b, 0, layout, pad);
       const CopiedCache v = CopyCache(b, 1, layout, pad);
       StridedOutput o(spec.q_dtype, b.num_tokens, hq, d, pad, NAN);
-      RaggedPagedAttention(q.view, k.view, v.view, layout, b.KvLens(), b.PageIndices(), b.CuQLens(),
-                           b.NumSeqs(), options, o.View());
+      RaggedPagedAttention(q.view, KVPages{k.view, v.view, layout},
+                           PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
+                           options, o.View());
       ExpectIdentical(o.Values(), combined, hq, d, label);
       EXPECT_TRUE(o.PaddingUntouched()) << label;
 
       // The reference through the split layout equals it on the combined one.
       StridedOutput r(spec.q_dtype, b.num_tokens, hq, d, pad, NAN);
-      RefRaggedPagedAttention(q.view, k.view, v.view, layout, b.KvLens(), b.PageIndices(),
-                              b.CuQLens(), b.NumSeqs(), options, r.View());
+      RefRaggedPagedAttention(q.view, KVPages{k.view, v.view, layout},
+                              PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
+                              options, r.View());
       ExpectIdentical(r.Values(), ref, hq, d, "reference " + label);
     }
   }
@@ -470,10 +475,10 @@ TEST_P(PagedAttentionTest, AgreesWithRaggedOnDecode) {
   const TensorView rcu(cu_q_lens.data(), DType::kI32, {batch + 1});
   const TensorView rnum(&num_seqs, DType::kI32, {1});
   std::vector<uint8_t> ragged_out(q.size(), 0xFF);
-  RaggedPagedAttention(rq, rkv, rlens, rpages, rcu, rnum, options,
+  RaggedPagedAttention(rq, rkv, PageTable{rlens, rpages, rcu, rnum}, options,
                        MutableTensorView(ragged_out.data(), pc.q_dtype, {batch, hq, d}));
   std::vector<uint8_t> ref_out(q.size(), 0xFF);
-  RefRaggedPagedAttention(rq, rkv, rlens, rpages, rcu, rnum, options,
+  RefRaggedPagedAttention(rq, rkv, PageTable{rlens, rpages, rcu, rnum}, options,
                           MutableTensorView(ref_out.data(), pc.q_dtype, {batch, hq, d}));
 
   // Rearranged into the paged batch's row order; empty slots are 0.
@@ -597,15 +602,17 @@ TEST_P(RandomBatchTest, MatchesReferenceAndRepeats) {
   const size_t count = static_cast<size_t>(b.num_tokens * spec.num_q_heads * spec.head_dim);
 
   std::vector<uint8_t> ref_out = b.NewOutput();
-  RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
-                          options, b.OutView(ref_out));
+  RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, options,
+                          b.OutView(ref_out));
   const std::vector<float> ref = Decode(rc.q_dtype, ref_out, count);
 
   std::vector<float> first;
   for (int call = 0; call < 2; ++call) {
     std::vector<uint8_t> out(b.q.size(), call == 0 ? 0xFF : 0x7F);  // Garbage.
-    RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
-                         options, b.OutView(out));
+    RaggedPagedAttention(b.Q(), b.KvPages(),
+                         PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, options,
+                         b.OutView(out));
     const std::vector<float> got = Decode(rc.q_dtype, out, count);
     if (call == 0) {
       ExpectClose(got, ref, rc.q_dtype, rc.kv_dtype, spec.num_q_heads, spec.head_dim,
@@ -619,8 +626,9 @@ TEST_P(RandomBatchTest, MatchesReferenceAndRepeats) {
   AttentionOptions one_thread = options;
   one_thread.num_threads = 1;
   std::vector<uint8_t> out = b.NewOutput();
-  RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
-                       one_thread, b.OutView(out));
+  RaggedPagedAttention(b.Q(), b.KvPages(),
+                       PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, one_thread,
+                       b.OutView(out));
   ExpectClose(Decode(rc.q_dtype, out, count), ref, rc.q_dtype, rc.kv_dtype, spec.num_q_heads,
               spec.head_dim, "num_threads=1 vs reference");
 }

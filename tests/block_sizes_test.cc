@@ -54,12 +54,14 @@ TEST_F(BlockSizeChoiceTest, AutoChoicePassesValidationAsAnExplicitValue) {
       AttentionOptions options;
       options.num_kv_pages_per_block = sizes.num_kv_pages_per_block;
       options.num_queries_per_block = sizes.num_queries_per_block;
-      EXPECT_NO_THROW(StaticValidateInputs(
-          TensorView(q.data(), DType::kBF16, {2, 32, 128}),
-          TensorView(kv.data(), DType::kBF16, {1, page_size, 16, 128}),
-          TensorView(kv_lens.data(), DType::kI32, {1}),
-          TensorView(pages.data(), DType::kI32, {1, pages_per_seq}), TensorView(cu.data(), DType::kI32, {2}),
-          TensorView(n.data(), DType::kI32, {1}), options));
+      EXPECT_NO_THROW(
+          StaticValidateInputs(TensorView(q.data(), DType::kBF16, {2, 32, 128}),
+                               TensorView(kv.data(), DType::kBF16, {1, page_size, 16, 128}),
+                               PageTable{TensorView(kv_lens.data(), DType::kI32, {1}),
+                                         TensorView(pages.data(), DType::kI32, {1, pages_per_seq}),
+                                         TensorView(cu.data(), DType::kI32, {2}),
+                                         TensorView(n.data(), DType::kI32, {1})},
+                               options));
     }
   }
 }

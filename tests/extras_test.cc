@@ -47,9 +47,11 @@ struct Tiny {
 
   void Run(const AttentionOptions& options, bool reference) {
     if (reference) {
-      RefRaggedPagedAttention(Q(), Kv(), KvLens(), Pages(), CuQLens(), NumSeqs(), options, Out());
+      RefRaggedPagedAttention(Q(), Kv(), PageTable{KvLens(), Pages(), CuQLens(), NumSeqs()},
+                              options, Out());
     } else {
-      RaggedPagedAttention(Q(), Kv(), KvLens(), Pages(), CuQLens(), NumSeqs(), options, Out());
+      RaggedPagedAttention(Q(), Kv(), PageTable{KvLens(), Pages(), CuQLens(), NumSeqs()}, options,
+                           Out());
     }
   }
 };
@@ -152,13 +154,14 @@ struct DenseSequence {
     AttentionOptions options;
     options.sm_scale = 0.25;
     options.lse = MutableTensorView(lse.data(), DType::kF32, {1, q_heads});
-    RaggedPagedAttention(TensorView(q.data(), DType::kF32, {1, q_heads, head_dim}),
-                         TensorView(shuffled.data(), DType::kF32, {pages, page_size, 2 * kv_heads, head_dim}),
-                         TensorView(kv_lens.data(), DType::kI32, {1}),
-                         TensorView(page_indices.data(), DType::kI32, {1, pages}),
-                         TensorView(cu_q_lens.data(), DType::kI32, {2}),
-                         TensorView(num_seqs.data(), DType::kI32, {1}), options,
-                         MutableTensorView(out.data(), DType::kF32, {1, q_heads, head_dim}));
+    RaggedPagedAttention(
+        TensorView(q.data(), DType::kF32, {1, q_heads, head_dim}),
+        TensorView(shuffled.data(), DType::kF32, {pages, page_size, 2 * kv_heads, head_dim}),
+        PageTable{TensorView(kv_lens.data(), DType::kI32, {1}),
+                  TensorView(page_indices.data(), DType::kI32, {1, pages}),
+                  TensorView(cu_q_lens.data(), DType::kI32, {2}),
+                  TensorView(num_seqs.data(), DType::kI32, {1})},
+        options, MutableTensorView(out.data(), DType::kF32, {1, q_heads, head_dim}));
   }
 };
 
@@ -306,14 +309,17 @@ TEST_P(KVWrite, WritesTheLastQLenPositionsThenAttends) {
   MutableTensorView cache_view(cache.data(), spec.kv_dtype,
                                {kv_shape.shape[0], kv_shape.shape[1], kv_shape.shape[2], kv_shape.shape[3]});
   std::vector<uint8_t> out = batch.NewOutput();
-  RaggedPagedAttentionWithKVWrite(batch.Q(), new_k_view, new_v_view, cache_view, batch.KvLens(),
-                                  batch.PageIndices(), batch.CuQLens(), batch.NumSeqs(), options,
-                                  batch.OutView(out));
+  RaggedPagedAttentionWithKVWrite(
+      batch.Q(), new_k_view, new_v_view, cache_view,
+      PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}, options,
+      batch.OutView(out));
   ASSERT_EQ(cache, expected_cache) << "written slots, or untouched ones, differ";
 
   std::vector<uint8_t> expected_out = batch.NewOutput();
-  RefRaggedPagedAttention(batch.Q(), TensorView(cache_view), batch.KvLens(), batch.PageIndices(),
-                          batch.CuQLens(), batch.NumSeqs(), options, batch.OutView(expected_out));
+  RefRaggedPagedAttention(
+      batch.Q(), TensorView(cache_view),
+      PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}, options,
+      batch.OutView(expected_out));
   EXPECT_LE(testing::MaxAbsDifference(batch, out, expected_out),
             testing::KvTolerance(spec.kv_dtype));
 }
@@ -338,9 +344,10 @@ TEST_P(KVWrite, BadPageIndexTouchesNothing) {
   MutableTensorView cache_view(cache.data(), spec.kv_dtype,
                                {kv_shape.shape[0], kv_shape.shape[1], kv_shape.shape[2], kv_shape.shape[3]});
   std::vector<uint8_t> out(batch.q.size(), 0xAB);
-  EXPECT_THROW(RaggedPagedAttentionWithKVWrite(batch.Q(), new_view, new_view, cache_view, batch.KvLens(),
-                                               batch.PageIndices(), batch.CuQLens(), batch.NumSeqs(),
-                                               AttentionOptions{}, batch.OutView(out)),
+  EXPECT_THROW(RaggedPagedAttentionWithKVWrite(
+                   batch.Q(), new_view, new_view, cache_view,
+                   PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()},
+                   AttentionOptions{}, batch.OutView(out)),
                Error);
   EXPECT_EQ(cache, batch.kv_pages);
   EXPECT_EQ(out, std::vector<uint8_t>(batch.q.size(), 0xAB));
@@ -349,9 +356,10 @@ TEST_P(KVWrite, BadPageIndexTouchesNothing) {
   const TensorView short_view(new_rows.data(), DType::kF32, {batch.num_tokens - 1, 1, 8});
   batch.page_indices[1 * pages_per_seq + 2] = 0;
   try {
-    RaggedPagedAttentionWithKVWrite(batch.Q(), short_view, new_view, cache_view, batch.KvLens(),
-                                    batch.PageIndices(), batch.CuQLens(), batch.NumSeqs(),
-                                    AttentionOptions{}, batch.OutView(out));
+    RaggedPagedAttentionWithKVWrite(
+        batch.Q(), short_view, new_view, cache_view,
+        PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()},
+        AttentionOptions{}, batch.OutView(out));
     FAIL() << "expected rpa::Error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kShape);

@@ -187,10 +187,10 @@ Outputs RunCase(const Case& c, const SyntheticBatch& b, bool fast) {
   result.out.assign(b.q.size(), 0xAB);  // Garbage: every row must be written.
   AttentionOptions options = c.options;
   options.num_threads = c.threads;
-  AttentionProblem problem =
-      ValidateRagged(CombinedInputs(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(),
-                                    b.CuQLens(), b.NumSeqs()),
-                     options, b.OutView(result.out));
+  AttentionProblem problem = ValidateRagged(
+      CombinedInputs(b.Q(), b.KvPages(),
+                     PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}),
+      options, b.OutView(result.out));
   std::vector<float> sinks;
   if (c.sinks) {
     for (int64_t h = 0; h < c.spec.num_q_heads; ++h) sinks.push_back(0.5f * (h % 5) - 1.0f);
@@ -739,8 +739,8 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     o.num_queries_per_block = 16;  // Prefill tiles: 16 tokens x 4 q heads per kv head.
     if (soft_cap) o.soft_cap = 30.0;
     return DescribeKernels(ValidateRagged(
-        CombinedInputs(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                       b.NumSeqs()),
+        CombinedInputs(b.Q(), b.KvPages(),
+                       PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}),
         o, b.OutView(out)));
   };
   const std::vector<SequenceShape> decode = {{1, 40}}, middle = {{3, 40}},
@@ -888,9 +888,9 @@ TEST(KernelTest, AllLogitsMinusInfIsNaNLikeTheReference) {
         const TensorView lens(kv_lens.data(), DType::kI32, {1});
         const TensorView pi(pages.data(), DType::kI32, {1, 4});
         const TensorView cuv(cu.data(), DType::kI32, {2}), nv(n.data(), DType::kI32, {1});
-        RefRaggedPagedAttention(qv, kvv, lens, pi, cuv, nv, o,
+        RefRaggedPagedAttention(qv, kvv, PageTable{lens, pi, cuv, nv}, o,
                                 MutableTensorView(ref.data(), DType::kF32, {T, 2, D}));
-        RaggedPagedAttention(qv, kvv, lens, pi, cuv, nv, o,
+        RaggedPagedAttention(qv, kvv, PageTable{lens, pi, cuv, nv}, o,
                              MutableTensorView(out.data(), DType::kF32, {T, 2, D}));
         for (size_t i = 0; i < out.size(); ++i) {
           ASSERT_TRUE(std::isnan(ref[i])) << i;  // Both heads: NaN in the reference.

@@ -113,11 +113,12 @@ Outputs RunBoth(const HandCase& c, const AttentionOptions& options, DType q_dtyp
     const MutableTensorView out_view(out.data(), q_dtype,
                                      {c.num_tokens, c.num_q_heads, c.head_dim});
     if (path == 0) {
-      RefRaggedPagedAttention(q_view, kv_view, kv_lens, page_indices, cu_q_lens, num_seqs, options,
+      RefRaggedPagedAttention(q_view, kv_view,
+                              PageTable{kv_lens, page_indices, cu_q_lens, num_seqs}, options,
                               out_view);
     } else {
-      RaggedPagedAttention(q_view, kv_view, kv_lens, page_indices, cu_q_lens, num_seqs, options,
-                           out_view);
+      RaggedPagedAttention(q_view, kv_view, PageTable{kv_lens, page_indices, cu_q_lens, num_seqs},
+                           options, out_view);
     }
     std::vector<float>& decoded = path == 0 ? result.ref : result.prod;
     decoded.resize(c.q.size());

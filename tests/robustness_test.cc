@@ -66,20 +66,23 @@ std::vector<Call> RaggedCalls() {
   return {
       {"combined",
        [](const SyntheticBatch& b, const AttentionOptions& o, const MutableTensorView& out) {
-         RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                              b.NumSeqs(), o, out);
+         RaggedPagedAttention(b.Q(), b.KvPages(),
+                              PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                              out);
        }},
       {"NHD",
        [](const SyntheticBatch& b, const AttentionOptions& o, const MutableTensorView& out) {
          const CacheViews c = ViewsOf(b.KvPages());
-         RaggedPagedAttention(b.Q(), c.k_nhd, c.v_nhd, KVLayout::kNHD, b.KvLens(),
-                              b.PageIndices(), b.CuQLens(), b.NumSeqs(), o, out);
+         RaggedPagedAttention(b.Q(), KVPages{c.k_nhd, c.v_nhd, KVLayout::kNHD},
+                              PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                              out);
        }},
       {"HND",
        [](const SyntheticBatch& b, const AttentionOptions& o, const MutableTensorView& out) {
          const CacheViews c = ViewsOf(b.KvPages());
-         RaggedPagedAttention(b.Q(), c.k_hnd, c.v_hnd, KVLayout::kHND, b.KvLens(),
-                              b.PageIndices(), b.CuQLens(), b.NumSeqs(), o, out);
+         RaggedPagedAttention(b.Q(), KVPages{c.k_hnd, c.v_hnd, KVLayout::kHND},
+                              PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                              out);
        }},
   };
 }
@@ -138,8 +141,9 @@ void ExpectRaggedRejected(const SyntheticBatch& b, ErrorKind kind, const std::st
                    [&](const MutableTensorView& out) { call.run(b, options, out); });
   }
   ExpectRejected(b, kind, what + " [reference]", [&](const MutableTensorView& out) {
-    RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                            b.NumSeqs(), options, out);
+    RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                            PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
+                            options, out);
   });
 }
 
@@ -165,8 +169,9 @@ TEST(RobustnessTest, PageIndicesBeyondKvLenAreNeverRead) {
     b.page_indices[2 * b.spec.pages_per_seq + col] = kInt32Min;
   }
   std::vector<uint8_t> out = b.NewOutput(), ref = b.NewOutput();
-  RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                          b.NumSeqs(), {}, b.OutView(ref));
+  RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                          b.OutView(ref));
   for (const Call& call : RaggedCalls()) {
     call.run(b, {}, b.OutView(out));
     EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b)) << call.name;
@@ -187,8 +192,9 @@ TEST(RobustnessTest, KvLenNearInt32MaxIsACleanError) {
     // The message carries the 64-bit page count: no wrap-around.
     std::vector<uint8_t> scratch(b.q.size());
     try {
-      RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                           b.NumSeqs(), {}, b.OutView(scratch));
+      RaggedPagedAttention(b.Q(), b.KvPages(),
+                           PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                           b.OutView(scratch));
     } catch (const Error& e) {
       const int64_t pages = (int64_t{kv_len} + 255) / 256;
       EXPECT_NE(std::string(e.what()).find("min_pages_per_seq=" + std::to_string(pages)),
@@ -256,8 +262,9 @@ TEST(RobustnessTest, QLenBeyondKvLenAndNegativeKvLenAreRejected) {
 TEST(RobustnessTest, HugeTileOptionsAreRejectedOrHarmless) {
   const SyntheticBatch b = SmallBatch({{3, 5}, {2, 7}});
   std::vector<uint8_t> ref = b.NewOutput();
-  RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                          b.NumSeqs(), {}, b.OutView(ref));
+  RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                          b.OutView(ref));
   for (int64_t q_block : {int64_t{1}, int64_t{7}, int64_t{4096}}) {
     for (int64_t vmem : {int64_t{1}, std::numeric_limits<int64_t>::max()}) {
       SCOPED_TRACE(::testing::Message() << q_block << " " << vmem);
@@ -279,13 +286,15 @@ TEST(RobustnessTest, HugeTileOptionsAreRejectedOrHarmless) {
 TEST(RobustnessTest, F5_HugeNumQueriesPerBlockIsHarmless) {
   const SyntheticBatch b = SmallBatch({{3, 5}, {2, 7}});
   std::vector<uint8_t> ref = b.NewOutput(), out = b.NewOutput();
-  RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                          b.NumSeqs(), {}, b.OutView(ref));
+  RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                          b.OutView(ref));
   for (int64_t q_block : {int64_t{kInt32Max}, std::numeric_limits<int64_t>::max()}) {
     AttentionOptions o;
     o.num_queries_per_block = q_block;
-    RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                         b.NumSeqs(), o, b.OutView(out));
+    RaggedPagedAttention(b.Q(), b.KvPages(),
+                         PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                         b.OutView(out));
     EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b)) << q_block;
   }
 }
@@ -314,8 +323,9 @@ TEST(RobustnessTest, F6_PagedHugeComputeBlockWithNoPages) {
 // infinities of the same sign.
 void ExpectLikeReference(const SyntheticBatch& b, const AttentionOptions& o, double tol) {
   std::vector<uint8_t> ref = b.NewOutput();
-  RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                          b.NumSeqs(), o, b.OutView(ref));
+  RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                          b.OutView(ref));
   for (const Call& call : RaggedCalls()) {
     std::vector<uint8_t> out = b.NewOutput();
     call.run(b, o, b.OutView(out));
@@ -391,10 +401,12 @@ TEST(RobustnessTest, F3_InfQueryUnderSoftCapLikeTheReference) {
   o.soft_cap = 5.0;
   o.sliding_window = 1;
   std::vector<uint8_t> ref = b.NewOutput(), out = b.NewOutput();
-  RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                          b.NumSeqs(), o, b.OutView(ref));
-  RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                       b.NumSeqs(), o, b.OutView(out));
+  RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                          b.OutView(ref));
+  RaggedPagedAttention(b.Q(), b.KvPages(),
+                       PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                       b.OutView(out));
   EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b));
 }
 
@@ -455,8 +467,9 @@ TEST(RobustnessTest, F9_InfValueUnderMinusInfLogitInASplitChunkIsNan) {
   o.num_kv_pages_per_block = 1;
   ExpectLikeReference(b, o, SpecTolerance(b));
   std::vector<uint8_t> out = b.NewOutput();
-  RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                       b.NumSeqs(), o, b.OutView(out));
+  RaggedPagedAttention(b.Q(), b.KvPages(),
+                       PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                       b.OutView(out));
   EXPECT_TRUE(std::isnan(reinterpret_cast<const float*>(out.data())[3]));
 }
 
@@ -477,8 +490,9 @@ TEST(RobustnessTest, F10_InfValueUnderAllMinusInfLogitsWithASinkIsNan) {
     o.num_threads = threads;
     ExpectLikeReference(b, o, SpecTolerance(b));
     std::vector<uint8_t> out = b.NewOutput();
-    RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                         b.NumSeqs(), o, b.OutView(out));
+    RaggedPagedAttention(b.Q(), b.KvPages(),
+                         PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                         b.OutView(out));
     EXPECT_TRUE(std::isnan(reinterpret_cast<const float*>(out.data())[3])) << threads;
   }
 }
@@ -488,13 +502,15 @@ TEST(RobustnessTest, F10_InfValueUnderAllMinusInfLogitsWithASinkIsNan) {
 TEST(RobustnessTest, F2_SlidingWindowBeyondInt32MasksNothing) {
   const SyntheticBatch b = SmallBatch({{3, 5}, {2, 7}});
   std::vector<uint8_t> ref = b.NewOutput(), out = b.NewOutput();
-  RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                          b.NumSeqs(), {}, b.OutView(ref));
+  RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                          b.OutView(ref));
   for (int64_t w : {int64_t{1} << 32, std::numeric_limits<int64_t>::max()}) {
     AttentionOptions o;
     o.sliding_window = w;
-    RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                         b.NumSeqs(), o, b.OutView(out));
+    RaggedPagedAttention(b.Q(), b.KvPages(),
+                         PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+                         b.OutView(out));
     EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b))
         << "sliding_window=" << w;
   }
@@ -516,9 +532,11 @@ TEST(RobustnessTest, ZeroSizedTensorsGiveZerosOrNothing) {
     const MutableTensorView out(&out_dummy, DType::kF32, {0, H, D});
     const TensorView kv_lens(zero1, DType::kI32, {0}), pi(pages, DType::kI32, {0, 2});
     const TensorView cu(zero1, DType::kI32, {1}), n(zero1, DType::kI32, {1});
-    EXPECT_NO_THROW(RaggedPagedAttention(q, kv, kv_lens, pi, cu, n, {}, out));
-    EXPECT_NO_THROW(RaggedPagedAttention(q, k, k, KVLayout::kNHD, kv_lens, pi, cu, n, {}, out));
-    EXPECT_NO_THROW(RaggedPagedAttention(q, kh, kh, KVLayout::kHND, kv_lens, pi, cu, n, {}, out));
+    EXPECT_NO_THROW(RaggedPagedAttention(q, kv, PageTable{kv_lens, pi, cu, n}, {}, out));
+    EXPECT_NO_THROW(RaggedPagedAttention(q, KVPages{k, k, KVLayout::kNHD},
+                                         PageTable{kv_lens, pi, cu, n}, {}, out));
+    EXPECT_NO_THROW(RaggedPagedAttention(q, KVPages{kh, kh, KVLayout::kHND},
+                                         PageTable{kv_lens, pi, cu, n}, {}, out));
     EXPECT_EQ(out_dummy, 1.0f);
     const TensorView kp(&kv_dummy, DType::kF32, {1, 0, S, D});
     EXPECT_NO_THROW(PagedAttention(q, kp, kp, kv_lens, pi, {}, out));
@@ -537,13 +555,15 @@ TEST(RobustnessTest, ZeroSizedTensorsGiveZerosOrNothing) {
     const MutableTensorView ov(out.data(), DType::kF32, {3, H, D});
     for (const TensorView& num : {n, n2}) {
       out.assign(out.size(), 7.0f);
-      RaggedPagedAttention(qv, kv, kv_lens, pi, cu, num, {}, ov);
+      RaggedPagedAttention(qv, kv, PageTable{kv_lens, pi, cu, num}, {}, ov);
       EXPECT_EQ(out, std::vector<float>(out.size(), 0.0f));
       out.assign(out.size(), 7.0f);
-      RaggedPagedAttention(qv, k, k, KVLayout::kNHD, kv_lens, pi, cu, num, {}, ov);
+      RaggedPagedAttention(qv, KVPages{k, k, KVLayout::kNHD}, PageTable{kv_lens, pi, cu, num}, {},
+                           ov);
       EXPECT_EQ(out, std::vector<float>(out.size(), 0.0f));
       out.assign(out.size(), 7.0f);
-      RaggedPagedAttention(qv, kh, kh, KVLayout::kHND, kv_lens, pi, cu, num, {}, ov);
+      RaggedPagedAttention(qv, KVPages{kh, kh, KVLayout::kHND}, PageTable{kv_lens, pi, cu, num}, {},
+                           ov);
       EXPECT_EQ(out, std::vector<float>(out.size(), 0.0f));
     }
     // paged_attention: three rows of length 0.
@@ -569,8 +589,9 @@ TEST(RobustnessTest, ZeroSizedTensorsGiveZerosOrNothing) {
 void ExpectShiftInvariant(DType dtype, size_t shift) {
   const SyntheticBatch b = SmallBatch({{3, 5}, {2, 7}, {1, 4}}, 3, dtype);
   std::vector<uint8_t> want = b.NewOutput();
-  RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                       b.NumSeqs(), {}, b.OutView(want));
+  RaggedPagedAttention(b.Q(), b.KvPages(),
+                       PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                       b.OutView(want));
   std::vector<uint8_t> q(b.q.size() + shift), kv(b.kv_pages.size() + shift),
       out(want.size() + shift, kSentinel);
   std::memcpy(q.data() + shift, b.q.data(), b.q.size());
@@ -581,13 +602,14 @@ void ExpectShiftInvariant(DType dtype, size_t shift) {
   MutableTensorView ov = b.OutView(out);
   ov.data = out.data() + shift;
   const CacheViews c = ViewsOf(kvv);
-  RaggedPagedAttention(qv, kvv, b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(), {}, ov);
+  RaggedPagedAttention(qv, kvv, PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
+                       {}, ov);
   EXPECT_EQ(0, std::memcmp(out.data() + shift, want.data(), want.size())) << "combined";
-  RaggedPagedAttention(qv, c.k_nhd, c.v_nhd, KVLayout::kNHD, b.KvLens(), b.PageIndices(),
-                       b.CuQLens(), b.NumSeqs(), {}, ov);
+  RaggedPagedAttention(qv, KVPages{c.k_nhd, c.v_nhd, KVLayout::kNHD},
+                       PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {}, ov);
   EXPECT_EQ(0, std::memcmp(out.data() + shift, want.data(), want.size())) << "NHD";
-  RaggedPagedAttention(qv, c.k_hnd, c.v_hnd, KVLayout::kHND, b.KvLens(), b.PageIndices(),
-                       b.CuQLens(), b.NumSeqs(), {}, ov);
+  RaggedPagedAttention(qv, KVPages{c.k_hnd, c.v_hnd, KVLayout::kHND},
+                       PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {}, ov);
   EXPECT_EQ(0, std::memcmp(out.data() + shift, want.data(), want.size())) << "HND";
 }
 
@@ -611,17 +633,19 @@ TEST(RobustnessTest, F4_ViewsAtOddByteAddressesAreRejected) {
     qv.data = q.data() + 1;
     kvv.data = kv.data() + 1;
     ExpectRejected(b, ErrorKind::kLayout, "odd q", [&](const MutableTensorView& out) {
-      RaggedPagedAttention(qv, b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                           b.NumSeqs(), {}, out);
+      RaggedPagedAttention(qv, b.KvPages(),
+                           PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                           out);
     });
     ExpectRejected(b, ErrorKind::kLayout, "odd kv_pages", [&](const MutableTensorView& out) {
-      RaggedPagedAttention(b.Q(), kvv, b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
-                           {}, out);
+      RaggedPagedAttention(
+          b.Q(), kvv, PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {}, out);
     });
     const CacheViews c = ViewsOf(kvv);
     ExpectRejected(b, ErrorKind::kLayout, "odd NHD", [&](const MutableTensorView& out) {
-      RaggedPagedAttention(b.Q(), c.k_nhd, c.v_nhd, KVLayout::kNHD, b.KvLens(), b.PageIndices(),
-                           b.CuQLens(), b.NumSeqs(), {}, out);
+      RaggedPagedAttention(b.Q(), KVPages{c.k_nhd, c.v_nhd, KVLayout::kNHD},
+                           PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                           out);
     });
   }
 }
@@ -666,9 +690,9 @@ TEST(RobustnessTest, F4_KvWriteNewRowsAtOddByteAddressesAreRejected) {
                                        {kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[3]});
     for (const bool k : {true, false}) {
       ExpectMisaligned(MisalignedMessage(k ? "new_k" : "new_v", SizeOf(dtype)), [&] {
-        RaggedPagedAttentionWithKVWrite(b.Q(), k ? odd : aligned, k ? aligned : odd, cache_view,
-                                        b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs(),
-                                        {}, b.OutView(out));
+        RaggedPagedAttentionWithKVWrite(
+            b.Q(), k ? odd : aligned, k ? aligned : odd, cache_view,
+            PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {}, b.OutView(out));
       });
     }
     EXPECT_TRUE(cache == b.kv_pages) << "cache written on error";
@@ -728,14 +752,16 @@ TEST(ConcurrencyTest, ParallelCallersGetSingleCallResults) {
   };
   for (int i = 0; i <= kThreadCounts; ++i) {
     want[i] = b.NewOutput();
-    RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                         b.NumSeqs(), options(i), b.OutView(want[i]));
+    RaggedPagedAttention(b.Q(), b.KvPages(),
+                         PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
+                         options(i), b.OutView(want[i]));
     want_paged[i] = d.NewOutput();
     RunPaged(d, paged_options(i), d.OutView(want_paged[i]));
   }
   std::vector<uint8_t> want_ref = b.NewOutput();
-  RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                          b.NumSeqs(), {}, b.OutView(want_ref));
+  RefRaggedPagedAttention(b.Q(), b.KvPages(),
+                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                          b.OutView(want_ref));
 
   constexpr int kCallers = 8;
   constexpr int kIterations = 40;
@@ -749,25 +775,28 @@ TEST(ConcurrencyTest, ParallelCallersGetSingleCallResults) {
         const CacheViews views = ViewsOf(b.KvPages());
         switch ((c + it) % 4) {
           case 0:
-            RaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(), b.CuQLens(),
-                                 b.NumSeqs(), options(i), b.OutView(out));
+            RaggedPagedAttention(b.Q(), b.KvPages(),
+                                 PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
+                                 options(i), b.OutView(out));
             break;
           case 1:
-            RaggedPagedAttention(b.Q(), views.k_nhd, views.v_nhd, KVLayout::kNHD, b.KvLens(),
-                                 b.PageIndices(), b.CuQLens(), b.NumSeqs(), options(i),
-                                 b.OutView(out));
+            RaggedPagedAttention(b.Q(), KVPages{views.k_nhd, views.v_nhd, KVLayout::kNHD},
+                                 PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
+                                 options(i), b.OutView(out));
             break;
           case 2:
-            RaggedPagedAttention(b.Q(), views.k_hnd, views.v_hnd, KVLayout::kHND, b.KvLens(),
-                                 b.PageIndices(), b.CuQLens(), b.NumSeqs(), options(i),
-                                 b.OutView(out));
+            RaggedPagedAttention(b.Q(), KVPages{views.k_hnd, views.v_hnd, KVLayout::kHND},
+                                 PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
+                                 options(i), b.OutView(out));
             break;
           default:
             RunPaged(d, paged_options(i), d.OutView(out_paged));
             if (out_paged != want_paged[i]) ++mismatches[c];
             if (it % 3 == 0) {
-              RefRaggedPagedAttention(b.Q(), b.KvPages(), b.KvLens(), b.PageIndices(),
-                                      b.CuQLens(), b.NumSeqs(), {}, b.OutView(out));
+              RefRaggedPagedAttention(
+                  b.Q(), b.KvPages(),
+                  PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
+                  b.OutView(out));
               if (out != want_ref) ++mismatches[c];
             }
             continue;
@@ -802,8 +831,9 @@ TEST(ConcurrencyTest, ParallelFusedWritesIntoSeparateCaches) {
     kv.strides = view.strides;
     AttentionOptions o;
     o.num_threads = threads;
-    RaggedPagedAttentionWithKVWrite(b.Q(), nk, nv, kv, b.KvLens(), b.PageIndices(), b.CuQLens(),
-                                    b.NumSeqs(), o, b.OutView(out));
+    RaggedPagedAttentionWithKVWrite(
+        b.Q(), nk, nv, kv, PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
+        b.OutView(out));
   };
   std::vector<uint8_t> want_cache = b.kv_pages, want_out = b.NewOutput();
   run(want_cache, want_out, 1);

@@ -141,37 +141,40 @@ class ValidateRaggedTest : public ::testing::Test {
 
   void CallStatic() const {
     if (layout_) {
-      StaticValidateInputs(q_, k_pages_, v_pages_, *layout_, kv_lens_, page_indices_, cu_q_lens_,
-                           num_seqs_, options_);
+      StaticValidateInputs(q_, KVPages{k_pages_, v_pages_, *layout_},
+                           PageTable{kv_lens_, page_indices_, cu_q_lens_, num_seqs_}, options_);
     } else {
-      StaticValidateInputs(q_, kv_pages_, kv_lens_, page_indices_, cu_q_lens_, num_seqs_, options_);
+      StaticValidateInputs(q_, kv_pages_, PageTable{kv_lens_, page_indices_, cu_q_lens_, num_seqs_},
+                           options_);
     }
   }
   void CallDynamic() const {
     if (layout_) {
-      DynamicValidateInputs(q_, k_pages_, v_pages_, *layout_, kv_lens_, page_indices_, cu_q_lens_,
-                            num_seqs_, options_);
+      DynamicValidateInputs(q_, KVPages{k_pages_, v_pages_, *layout_},
+                            PageTable{kv_lens_, page_indices_, cu_q_lens_, num_seqs_}, options_);
     } else {
-      DynamicValidateInputs(q_, kv_pages_, kv_lens_, page_indices_, cu_q_lens_, num_seqs_,
-                            options_);
+      DynamicValidateInputs(q_, kv_pages_,
+                            PageTable{kv_lens_, page_indices_, cu_q_lens_, num_seqs_}, options_);
     }
   }
   void CallFast() const {
     if (layout_) {
-      RaggedPagedAttention(q_, k_pages_, v_pages_, *layout_, kv_lens_, page_indices_, cu_q_lens_,
-                           num_seqs_, options_, out_);
-    } else {
-      RaggedPagedAttention(q_, kv_pages_, kv_lens_, page_indices_, cu_q_lens_, num_seqs_, options_,
+      RaggedPagedAttention(q_, KVPages{k_pages_, v_pages_, *layout_},
+                           PageTable{kv_lens_, page_indices_, cu_q_lens_, num_seqs_}, options_,
                            out_);
+    } else {
+      RaggedPagedAttention(q_, kv_pages_, PageTable{kv_lens_, page_indices_, cu_q_lens_, num_seqs_},
+                           options_, out_);
     }
   }
   void CallReference() const {
     if (layout_) {
-      RefRaggedPagedAttention(q_, k_pages_, v_pages_, *layout_, kv_lens_, page_indices_,
-                              cu_q_lens_, num_seqs_, options_, out_);
+      RefRaggedPagedAttention(q_, KVPages{k_pages_, v_pages_, *layout_},
+                              PageTable{kv_lens_, page_indices_, cu_q_lens_, num_seqs_}, options_,
+                              out_);
     } else {
-      RefRaggedPagedAttention(q_, kv_pages_, kv_lens_, page_indices_, cu_q_lens_, num_seqs_,
-                              options_, out_);
+      RefRaggedPagedAttention(
+          q_, kv_pages_, PageTable{kv_lens_, page_indices_, cu_q_lens_, num_seqs_}, options_, out_);
     }
   }
 

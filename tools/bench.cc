@@ -243,8 +243,10 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
                             {kv_view.shape[0], kv_view.shape[1], kv_view.shape[2],
                              kv_view.shape[3]});
       copy = (copy + 1) % copies;
-      RaggedPagedAttention(batch.Q(), view, batch.KvLens(), batch.PageIndices(), batch.CuQLens(),
-                           batch.NumSeqs(), options, batch.OutView(out));
+      RaggedPagedAttention(
+          batch.Q(), view,
+          PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}, options,
+          batch.OutView(out));
     };
     for (int i = 0; i < std::min(copies, 3); ++i) call();  // Warm up: threads, scratch.
     std::vector<double> times;
@@ -269,8 +271,9 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
       const TensorView hot_pages(page_zero.data(), DType::kI32,
                                  {pages_view.shape[0], pages_view.shape[1]});
       hot_s = time_calls([&] {
-        RaggedPagedAttention(batch.Q(), kv_view, batch.KvLens(), hot_pages, batch.CuQLens(),
-                             batch.NumSeqs(), options, batch.OutView(out));
+        RaggedPagedAttention(batch.Q(), kv_view,
+                             PageTable{batch.KvLens(), hot_pages, batch.CuQLens(), batch.NumSeqs()},
+                             options, batch.OutView(out));
       });
     }
     const double s = time_calls(call);
@@ -289,8 +292,9 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
     r.all_threads = ti == 1;
     r.kv_dtype = spec.kv_dtype;
     r.path = internal::DescribeKernels(internal::ValidateRagged(
-        internal::CombinedInputs(batch.Q(), kv_view, batch.KvLens(), batch.PageIndices(),
-                                 batch.CuQLens(), batch.NumSeqs()),
+        internal::CombinedInputs(
+            batch.Q(), kv_view,
+            PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}),
         options, batch.OutView(out)));
     results.push_back(r);
   }

@@ -103,8 +103,10 @@ int RunDemo(const DemoArgs& args) {
   std::vector<double> times_ms;
   for (int it = 0; it < std::max(1, args.iterations); ++it) {
     const auto start = std::chrono::steady_clock::now();
-    RaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), batch.PageIndices(),
-                         batch.CuQLens(), batch.NumSeqs(), options, batch.OutView(out));
+    RaggedPagedAttention(
+        batch.Q(), batch.KvPages(),
+        PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}, options,
+        batch.OutView(out));
     times_ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
@@ -112,8 +114,10 @@ int RunDemo(const DemoArgs& args) {
   const double median_ms = times_ms[times_ms.size() / 2];
 
   std::vector<uint8_t> expected = batch.NewOutput();
-  RefRaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), batch.PageIndices(),
-                          batch.CuQLens(), batch.NumSeqs(), options, batch.OutView(expected));
+  RefRaggedPagedAttention(
+      batch.Q(), batch.KvPages(),
+      PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}, options,
+      batch.OutView(expected));
   const double error = MaxAbsDifference(batch, out, expected);
   const double tolerance = KvTolerance(spec.kv_dtype);
   const double ratio = ToleranceRatio(batch, out, expected, tolerance);

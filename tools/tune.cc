@@ -101,8 +101,10 @@ std::vector<double> FastestMs(const SyntheticBatch& batch, const std::vector<Att
   for (int i = 0; i < rounds; ++i) {
     for (size_t k = 0; k < sets.size(); ++k) {
       const Clock::time_point start = Clock::now();
-      RaggedPagedAttention(batch.Q(), batch.KvPages(), batch.KvLens(), batch.PageIndices(),
-                           batch.CuQLens(), batch.NumSeqs(), sets[k], batch.OutView(out));
+      RaggedPagedAttention(
+          batch.Q(), batch.KvPages(),
+          PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}, sets[k],
+          batch.OutView(out));
       times[k].push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     }
   }

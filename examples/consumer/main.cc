@@ -56,8 +56,9 @@ int main() {
   rpa::MutableTensorView out_view(out.data(), rpa::DType::kF32, {kTokens, kQHeads, kHeadDim});
   rpa::AttentionOptions options;
   options.sm_scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
-  rpa::RaggedPagedAttention(q_view, kv_view, kv_lens_view, pages_view, cu_view, num_seqs_view,
-                            options, out_view);
+  rpa::RaggedPagedAttention(q_view, kv_view,
+                            rpa::PageTable{kv_lens_view, pages_view, cu_view, num_seqs_view}, options,
+                            out_view);
 
   // The same attention in plain loops: causal, GQA, softmax in double.
   double max_err = 0.0;
@@ -102,8 +103,9 @@ int main() {
   const std::vector<float> before = out;
   bool rejected = false;
   try {
-    rpa::RaggedPagedAttention(q_view, kv_view, kv_lens_view, pages_view, cu_view, num_seqs_view,
-                              options, out_view);
+    rpa::RaggedPagedAttention(q_view, kv_view,
+                              rpa::PageTable{kv_lens_view, pages_view, cu_view, num_seqs_view}, options,
+                              out_view);
   } catch (const rpa::Error& e) {
     rejected = out == before;
     std::printf("rpa consumer: rejected as expected: %.60s...\n", e.what());

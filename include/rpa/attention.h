@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "rpa/options.h"
+#include "rpa/page_table.h"
 #include "rpa/tensor.h"
 
 namespace rpa {
@@ -23,25 +24,25 @@ constexpr std::string_view ToString(KVLayout layout) {
   return layout == KVLayout::kNHD ? "NHD" : "HND";
 }
 
+// Separate K and V caches of equal shape and dtype in `layout`.
+struct KVPages {
+  TensorView k_pages;
+  TensorView v_pages;
+  KVLayout layout = KVLayout::kNHD;
+};
+
 // JAX's combined layout.
 //   q            [max_num_batched_tokens, num_q_heads, head_dim]  f32/bf16/f16
 //   kv_pages     [total_num_pages, page_size, 2 * num_kv_heads, head_dim];
 //                combined head 2h is K of kv head h, 2h + 1 its V
-//   kv_lens      i32[max_num_seqs]
-//   page_indices i32[max_num_seqs, pages_per_seq]
-//   cu_q_lens    i32[max_num_seqs + 1]
-//   num_seqs     i32[1]
+//   page_table   JAX's kv_lens, page_indices, cu_q_lens and num_seqs (page_table.h)
 //   out          like q
 void RaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
-                          const TensorView& kv_lens, const TensorView& page_indices,
-                          const TensorView& cu_q_lens, const TensorView& num_seqs,
-                          const AttentionOptions& options, const MutableTensorView& out);
+                          const PageTable& page_table, const AttentionOptions& options,
+                          const MutableTensorView& out);
 
-// The same over separate K and V caches of equal shape in `layout`.
-void RaggedPagedAttention(const TensorView& q, const TensorView& k_pages,
-                          const TensorView& v_pages, KVLayout layout,
-                          const TensorView& kv_lens, const TensorView& page_indices,
-                          const TensorView& cu_q_lens, const TensorView& num_seqs,
+// The same over separate K and V caches.
+void RaggedPagedAttention(const TensorView& q, const KVPages& kv, const PageTable& page_table,
                           const AttentionOptions& options, const MutableTensorView& out);
 
 // JAX's decode-only paged_attention: one query token per sequence.

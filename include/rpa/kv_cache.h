@@ -20,17 +20,19 @@ namespace rpa {
 // The other arguments are RaggedPagedAttention's.
 void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
                                      const TensorView& new_v, const MutableTensorView& kv_pages,
-                                     const TensorView& kv_lens, const TensorView& page_indices,
-                                     const TensorView& cu_q_lens, const TensorView& num_seqs,
-                                     const AttentionOptions& options,
+                                     const PageTable& page_table, const AttentionOptions& options,
                                      const MutableTensorView& out);
 
+// Separate K and V caches the write stores into.
+struct MutableKVPages {
+  MutableTensorView k_pages;
+  MutableTensorView v_pages;
+  KVLayout layout = KVLayout::kNHD;
+};
+
 void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
-                                     const TensorView& new_v, const MutableTensorView& k_pages,
-                                     const MutableTensorView& v_pages, KVLayout layout,
-                                     const TensorView& kv_lens, const TensorView& page_indices,
-                                     const TensorView& cu_q_lens, const TensorView& num_seqs,
-                                     const AttentionOptions& options,
+                                     const TensorView& new_v, const MutableKVPages& kv,
+                                     const PageTable& page_table, const AttentionOptions& options,
                                      const MutableTensorView& out);
 
 }  // namespace rpa

@@ -11,14 +11,10 @@
 namespace rpa {
 
 void RefRaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
-                             const TensorView& kv_lens, const TensorView& page_indices,
-                             const TensorView& cu_q_lens, const TensorView& num_seqs,
-                             const AttentionOptions& options, const MutableTensorView& out);
+                             const PageTable& page_table, const AttentionOptions& options,
+                             const MutableTensorView& out);
 
-void RefRaggedPagedAttention(const TensorView& q, const TensorView& k_pages,
-                             const TensorView& v_pages, KVLayout layout,
-                             const TensorView& kv_lens, const TensorView& page_indices,
-                             const TensorView& cu_q_lens, const TensorView& num_seqs,
+void RefRaggedPagedAttention(const TensorView& q, const KVPages& kv, const PageTable& page_table,
                              const AttentionOptions& options, const MutableTensorView& out);
 
 }  // namespace rpa

@@ -8,6 +8,7 @@
 #include "rpa/kv_cache.h"
 #include "rpa/merge.h"
 #include "rpa/options.h"
+#include "rpa/page_table.h"
 #include "rpa/reference.h"
 #include "rpa/tensor.h"
 #include "rpa/validate.h"

@@ -13,25 +13,15 @@ namespace rpa {
 // Shapes, dtypes, layouts and options: nothing that reads the metadata's
 // values. Throws rpa::Error.
 void StaticValidateInputs(const TensorView& q, const TensorView& kv_pages,
-                          const TensorView& kv_lens, const TensorView& page_indices,
-                          const TensorView& cu_q_lens, const TensorView& num_seqs,
-                          const AttentionOptions& options);
-void StaticValidateInputs(const TensorView& q, const TensorView& k_pages,
-                          const TensorView& v_pages, KVLayout layout,
-                          const TensorView& kv_lens, const TensorView& page_indices,
-                          const TensorView& cu_q_lens, const TensorView& num_seqs,
+                          const PageTable& page_table, const AttentionOptions& options);
+void StaticValidateInputs(const TensorView& q, const KVPages& kv, const PageTable& page_table,
                           const AttentionOptions& options);
 
 // The static checks, then the metadata's values: num_seqs, kv_lens,
 // cu_q_lens, and every page index that will be read. O(num_seqs + pages read).
 void DynamicValidateInputs(const TensorView& q, const TensorView& kv_pages,
-                           const TensorView& kv_lens, const TensorView& page_indices,
-                           const TensorView& cu_q_lens, const TensorView& num_seqs,
-                           const AttentionOptions& options);
-void DynamicValidateInputs(const TensorView& q, const TensorView& k_pages,
-                           const TensorView& v_pages, KVLayout layout,
-                           const TensorView& kv_lens, const TensorView& page_indices,
-                           const TensorView& cu_q_lens, const TensorView& num_seqs,
+                           const PageTable& page_table, const AttentionOptions& options);
+void DynamicValidateInputs(const TensorView& q, const KVPages& kv, const PageTable& page_table,
                            const AttentionOptions& options);
 
 }  // namespace rpa
