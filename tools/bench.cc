@@ -84,11 +84,13 @@ struct Workload {
 // The workloads (testing/workloads.h); all with 32 q heads, 8 kv
 // heads, head_dim 128, page_size 16, bf16 q, pages in random order; bf16
 // K/V except decode-fp8 (the decode shape on fp8 e4m3fn K/V with scales:
-// half the bytes of decode).
+// half the bytes of decode) and decode-f16 (the decode shape on f16 K/V, the
+// cache dtype of llama.cpp and of vLLM for fp16 models).
 std::vector<Workload> Workloads() {
   return {
       {"decode", DecodeSequences()},
       {"decode-fp8", DecodeSequences(), DType::kF8E4M3FN, 0.5},
+      {"decode-f16", DecodeSequences(), DType::kF16},
       {"decode-long", DecodeLongSequences()},
       {"prefill", PrefillSequences(2048)},
       {"mixed", MixedSequences()},
@@ -418,7 +420,7 @@ void AddBenchCommand(CLI::App& app) {
   bench->add_flag("--hot", args->hot,
                   "Also time each workload with every page index 0 (K/V in the caches): "
                   "the kernel without memory");
-  bench->add_option("--only", args->only, "Workloads to run: decode, decode-fp8, decode-long, prefill, mixed");
+  bench->add_option("--only", args->only, "Workloads to run: decode, decode-fp8, decode-f16, decode-long, prefill, mixed");
   bench->add_option("--threads", args->threads,
                     "Threads for the all-threads runs (0: RPA_NUM_THREADS or all cores)")
       ->capture_default_str();
