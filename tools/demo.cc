@@ -38,12 +38,8 @@ namespace {
 using testing::MachineLimits;
 
 struct DemoArgs {
-  // The model.
-  int layers = 4;
-  int64_t num_q_heads = 32;
-  int64_t num_kv_heads = 8;
-  int64_t head_dim = 128;
-  int64_t page_size = 16;
+  // The model (its dtypes are parsed from the two strings).
+  ModelShape shape;
   std::string q_dtype = "bf16";
   std::string kv_dtype = "bf16";
   // The traffic and the engine.
@@ -77,12 +73,7 @@ DType ParseDType(const std::string& name) {
 std::string Name(DType dtype) { return std::string(ToString(dtype)); }
 
 ModelShape MakeShape(const DemoArgs& args) {
-  ModelShape shape;
-  shape.layers = args.layers;
-  shape.num_q_heads = args.num_q_heads;
-  shape.num_kv_heads = args.num_kv_heads;
-  shape.head_dim = args.head_dim;
-  shape.page_size = args.page_size;
+  ModelShape shape = args.shape;
   shape.q_dtype = ParseDType(args.q_dtype);
   shape.kv_dtype = ParseDType(args.kv_dtype);
   return shape;
@@ -90,7 +81,7 @@ ModelShape MakeShape(const DemoArgs& args) {
 
 AttentionOptions MakeOptions(const DemoArgs& args) {
   AttentionOptions options;
-  options.sm_scale = 1.0 / std::sqrt(static_cast<double>(args.head_dim));
+  options.sm_scale = 1.0 / std::sqrt(static_cast<double>(args.shape.head_dim));
   if (args.threads > 0) options.num_threads = args.threads;
   return options;
 }
@@ -114,13 +105,7 @@ struct PerCallResult {
 };
 
 testing::BatchSpec PerCallSpec(const DemoArgs& args, const ModelShape& shape) {
-  testing::BatchSpec spec;
-  spec.num_q_heads = shape.num_q_heads;
-  spec.num_kv_heads = shape.num_kv_heads;
-  spec.head_dim = shape.head_dim;
-  spec.page_size = shape.page_size;
-  spec.q_dtype = shape.q_dtype;
-  spec.kv_dtype = shape.kv_dtype;
+  testing::BatchSpec spec = BatchSpecOf(shape);
   spec.seed = args.seed;
   std::mt19937 rng(static_cast<uint32_t>(args.seed));
   std::uniform_int_distribution<int32_t> history(1, std::max(1, args.max_kv_len));
@@ -342,11 +327,11 @@ void AddDemoCommand(CLI::App& app) {
       "demo", "Run a short continuous-batching serving loop, verify sampled steps against the "
               "reference, time it");
   // The model.
-  demo->add_option("--layers", args->layers, "Attention layers run per step")->capture_default_str();
-  demo->add_option("--num-q-heads", args->num_q_heads, "Query heads")->capture_default_str();
-  demo->add_option("--num-kv-heads", args->num_kv_heads, "KV heads (GQA groups)")->capture_default_str();
-  demo->add_option("--head-dim", args->head_dim, "Head dimension")->capture_default_str();
-  demo->add_option("--page-size", args->page_size, "Tokens per KV-cache page")->capture_default_str();
+  demo->add_option("--layers", args->shape.layers, "Attention layers run per step")->capture_default_str();
+  demo->add_option("--num-q-heads", args->shape.num_q_heads, "Query heads")->capture_default_str();
+  demo->add_option("--num-kv-heads", args->shape.num_kv_heads, "KV heads (GQA groups)")->capture_default_str();
+  demo->add_option("--head-dim", args->shape.head_dim, "Head dimension")->capture_default_str();
+  demo->add_option("--page-size", args->shape.page_size, "Tokens per KV-cache page")->capture_default_str();
   demo->add_option("--q-dtype", args->q_dtype, "Query dtype: f32, bf16, f16")->capture_default_str();
   demo->add_option("--kv-dtype", args->kv_dtype,
                    "KV dtype: f32, bf16, f16, fp8_e4m3, fp8_e5m2, int8")->capture_default_str();

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "rpa/dtype.h"
+#include "testing/synthetic_batch.h"
 
 namespace rpa::tools {
 
@@ -22,6 +23,19 @@ struct ModelShape {
   // One page of the combined cache: [page_size, 2 * num_kv_heads, head_dim].
   int64_t PageElements() const { return page_size * 2 * KvRowElements(); }
 };
+
+// A synthetic batch (testing/synthetic_batch.h) of one layer of this shape,
+// without sequences.
+inline testing::BatchSpec BatchSpecOf(const ModelShape& shape) {
+  testing::BatchSpec spec;
+  spec.num_q_heads = shape.num_q_heads;
+  spec.num_kv_heads = shape.num_kv_heads;
+  spec.head_dim = shape.head_dim;
+  spec.page_size = shape.page_size;
+  spec.q_dtype = shape.q_dtype;
+  spec.kv_dtype = shape.kv_dtype;
+  return spec;
+}
 
 }  // namespace rpa::tools
 

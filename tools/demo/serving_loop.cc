@@ -14,11 +14,7 @@ namespace rpa::tools {
 namespace {
 
 testing::WorkCount StepWork(const ModelShape& shape, const StepSchedule& schedule) {
-  testing::BatchSpec spec;
-  spec.num_q_heads = shape.num_q_heads;
-  spec.num_kv_heads = shape.num_kv_heads;
-  spec.head_dim = shape.head_dim;
-  spec.kv_dtype = shape.kv_dtype;
+  testing::BatchSpec spec = BatchSpecOf(shape);
   for (const ScheduledSeq& seq : schedule.seqs) spec.sequences.push_back({seq.q_len, seq.kv_len});
   testing::WorkCount work = testing::CountWork(spec);
   work.flops *= shape.layers;
