@@ -168,19 +168,33 @@ LoopConfig MakeLoopConfig(const DemoArgs& args, const ModelShape& shape,
   return config;
 }
 
-// One line, rewritten in place on a terminal; elsewhere (a log, ctest) a
-// line each time another quarter of the requests has finished.
+// One line, rewritten in place on a terminal (at most every 100 ms);
+// elsewhere (a log, ctest) a line each time another quarter of the
+// requests has finished. The last state is always shown.
 class ProgressLine {
  public:
   ProgressLine() : tty_(isatty(STDOUT_FILENO) != 0) {}
 
   void Show(const LoopProgress& p) {
+    last_ = p;
+    last_point_ = p.last->point;
+    shown_last_ = false;
     const int quarter = p.requests > 0 ? 4 * p.finished / p.requests : 4;
     const auto now = std::chrono::steady_clock::now();
     if (tty_ ? now - shown_ < std::chrono::milliseconds(100) : quarter == quarter_) return;
     shown_ = now;
     quarter_ = quarter;
-    const StepPoint& s = p.last->point;
+    Print();
+  }
+  void End() {
+    if (last_.step > 0 && !shown_last_) Print();
+    if (tty_ && last_.step > 0) std::printf("\n");
+  }
+
+ private:
+  void Print() {
+    const LoopProgress& p = last_;
+    const StepPoint& s = last_point_;
     std::printf("%sstep %4lld | %2d running, %2d waiting, %3d/%d done | pages free %4d/%d | "
                 "%3d tokens (%d prefill + %d decode) in %6.2f ms%s",
                 tty_ ? "\r" : "  ", static_cast<long long>(p.step), p.running, p.waiting,
@@ -188,18 +202,15 @@ class ProgressLine {
                 s.prefill_tokens + s.decode_tokens, s.prefill_tokens, s.decode_tokens, s.ms,
                 tty_ ? "   " : "\n");
     std::fflush(stdout);
-    open_ = tty_;
-  }
-  void End() {
-    if (open_) std::printf("\n");
-    open_ = false;
+    shown_last_ = true;
   }
 
- private:
   bool tty_;
-  bool open_ = false;
   int quarter_ = 0;
   std::chrono::steady_clock::time_point shown_{};
+  LoopProgress last_;
+  StepPoint last_point_;
+  bool shown_last_ = false;
 };
 
 // Time and roofline time of the steps of one kind.
