@@ -1,0 +1,665 @@
+// AMX-BF16 tile products for one kv head's rows over one KV tile (amx.h).
+//
+// No file-wide -m flag: every function that runs an AVX-512 instruction has
+// a target attribute, and the tile instructions are inline assembly (GCC
+// 12's AMX intrinsics are macros that want literal tile numbers and have no
+// memory clobber; Clang 14's builtins differ): here each tile instruction
+// takes its tile numbers as template constants ("i" operands printed with
+// %c) and its memory effects as a "memory" clobber, so a buffer filled just
+// before is stored before the tile load reads it, in either compiler. Both
+// assemblers take the mnemonics whatever the function's target.
+//
+// The same tile programs also run on EmuTiles, a scalar model of the eight
+// tiles and tdpbf16ps (same configuration checks), so the blocking and
+// layouts are tested on CPUs without AMX.
+#include "kernel/amx.h"
+
+#if defined(__x86_64__)
+// GCC 12's _mm512_undefined_* are written `__m512 __Y = __Y;`, which
+// -Wuninitialized flags wherever they inline (GCC bug 105593).
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#endif
+
+namespace rpa::internal {
+
+#if !defined(__x86_64__)
+
+const AmxStatus& AmxSupport() {
+  static const AmxStatus status{false, "not x86-64"};
+  return status;
+}
+
+#else  // defined(__x86_64__)
+
+namespace {
+
+// ---- Detection and permission.
+
+constexpr long kArchGetXcompPerm = 0x1022;
+constexpr long kArchReqXcompPerm = 0x1023;
+constexpr long kXfeatureXtiledata = 18;
+
+AmxStatus DetectAmx() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return {false, "CPU lacks CPUID leaf 7 (no AMX)"};
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
+  const bool avx512 = ((ebx >> 16) & 1) && ((ebx >> 30) & 1) && ((ebx >> 31) & 1);  // F BW VL.
+  __cpuid_count(7, 1, eax, ebx, ecx, edx);
+  const bool avx512_bf16 = (eax >> 5) & 1;
+  std::string lacks;
+  auto add = [&lacks](bool has, const char* name) {
+    if (!has) lacks += (lacks.empty() ? "" : ", ") + std::string(name);
+  };
+  add(amx_bf16, "amx-bf16");
+  add(amx_tile, "amx-tile");
+  add(avx512, "avx512f/bw/vl");
+  add(avx512_bf16, "avx512-bf16");
+  if (!lacks.empty()) return {false, "CPU lacks " + lacks};
+  __cpuid_count(1, 0, eax, ebx, ecx, edx);
+  if (!((ecx >> 27) & 1)) return {false, "OS has not enabled XSAVE (CPUID.1:ECX.OSXSAVE is 0)"};
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM.
+  if ((xcr0_lo & 0xE6) != 0xE6) return {false, "OS does not enable AVX-512 state in XCR0"};
+  if (((xcr0_lo >> 17) & 3) != 3) return {false, "OS does not enable tile state in XCR0"};
+  // Linux (5.16+) hands out the 8 KiB tile data state only on request;
+  // without it the first tile instruction raises SIGILL.
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    return {false, std::string("arch_prctl(ARCH_REQ_XCOMP_PERM) failed: ") +
+                       std::strerror(errno)};
+  }
+  unsigned long long perm = 0;
+  if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &perm) != 0 ||
+      !((perm >> kXfeatureXtiledata) & 1)) {
+    return {false, "arch_prctl(ARCH_GET_XCOMP_PERM) does not show the tile data permission"};
+  }
+  return {true, "AMX bf16 tiles usable"};
+}
+
+}  // namespace
+
+const AmxStatus& AmxSupport() {
+  static const AmxStatus status = DetectAmx();
+  return status;
+}
+
+namespace {
+
+#define RPA_AMX_GLUE __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define RPA_AMX_INLINE __attribute__((always_inline)) inline
+
+// ---- The tile configuration (palette 1): byte 0 palette, 16-31 bytes per
+// row of tiles 0-15, 48-63 rows of tiles 0-15.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// Configuration ids kept per thread (0: none loaded, or released).
+constexpr int kConfigFull = 1;
+
+// Every tile 16 rows x 64 bytes: A 16 x 32 bf16, B 16 pair rows x 16 x 2
+// bf16, C 16 x 16 f32. All products and the peak probe use this one.
+constexpr TileConfig FullConfig() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  return c;
+}
+constexpr TileConfig kFullConfig = FullConfig();
+
+// ---- The hardware's tiles.
+struct HwTiles {
+  static inline thread_local int config_id = 0;
+
+  static RPA_AMX_INLINE void Configure(int id, const TileConfig& config) {
+    if (config_id == id) return;
+    __asm__ volatile("ldtilecfg %0" ::"m"(config));
+    config_id = id;
+  }
+  template <int kT>
+  static RPA_AMX_INLINE void Load(const void* base, int64_t stride_bytes) {
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride_bytes), "i"(kT)
+                     : "memory");
+  }
+  template <int kT>
+  static RPA_AMX_INLINE void Store(void* base, int64_t stride_bytes) {
+    __asm__ volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride_bytes), "i"(kT)
+                     : "memory");
+  }
+  template <int kT>
+  static RPA_AMX_INLINE void Zero() {
+    __asm__ volatile("tilezero %%tmm%c0" ::"i"(kT));
+  }
+  // C += A B (AT&T order: B, A, C).
+  template <int kC, int kA, int kB>
+  static RPA_AMX_INLINE void Dp() {
+    __asm__ volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(kC), "i"(kA), "i"(kB));
+  }
+  static void Release() {
+    __asm__ volatile("tilerelease" ::: "memory");
+    config_id = 0;
+  }
+};
+
+// ---- A scalar model of the same tiles, per thread. tdpbf16ps as the SDM
+// writes it: for each C element, two exact bf16 products added in turn per
+// pair, denormal inputs as zero, denormal results flushed; a configuration
+// that does not fit the operands aborts (the hardware raises #UD).
+struct EmuTiles {
+  struct State {
+    TileConfig config;
+    bool configured = false;
+    alignas(64) uint8_t tile[8][1024];
+  };
+  static inline thread_local int config_id = 0;
+  static State& S() {
+    static thread_local State state;
+    return state;
+  }
+  [[noreturn]] static void Fail(const char* what) {
+    std::fprintf(stderr, "EmuTiles: %s\n", what);
+    std::abort();
+  }
+  static void Configure(int id, const TileConfig& config) {
+    if (config_id == id) return;
+    S().config = config;
+    S().configured = true;
+    std::memset(S().tile, 0, sizeof(S().tile));
+    config_id = id;
+  }
+  template <int kT>
+  static void Load(const void* base, int64_t stride_bytes) {
+    State& s = S();
+    if (!s.configured) Fail("tileloadd without a configuration");
+    std::memset(s.tile[kT], 0, 1024);
+    for (int r = 0; r < s.config.rows[kT]; ++r) {
+      std::memcpy(s.tile[kT] + 64 * r, static_cast<const uint8_t*>(base) + r * stride_bytes,
+                  s.config.colsb[kT]);
+    }
+  }
+  template <int kT>
+  static void Store(void* base, int64_t stride_bytes) {
+    State& s = S();
+    for (int r = 0; r < s.config.rows[kT]; ++r) {
+      std::memcpy(static_cast<uint8_t*>(base) + r * stride_bytes, s.tile[kT] + 64 * r,
+                  s.config.colsb[kT]);
+    }
+  }
+  template <int kT>
+  static void Zero() {
+    std::memset(S().tile[kT], 0, 1024);
+  }
+  static float Bf16(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    if ((h & 0x7F80) == 0) h &= 0x8000;  // DAZ.
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  template <int kC, int kA, int kB>
+  static void Dp() {
+    State& s = S();
+    const TileConfig& c = s.config;
+    const int m_rows = c.rows[kC], pairs = c.colsb[kA] / 4, cols = c.colsb[kC] / 4;
+    if (c.rows[kA] != m_rows || c.rows[kB] != pairs || c.colsb[kB] != c.colsb[kC]) {
+      Fail("tdpbf16ps operands do not fit the configuration");
+    }
+    for (int m = 0; m < m_rows; ++m) {
+      for (int n = 0; n < cols; ++n) {
+        float acc;
+        std::memcpy(&acc, s.tile[kC] + 64 * m + 4 * n, 4);
+        for (int k = 0; k < pairs; ++k) {
+          const uint8_t* a = s.tile[kA] + 64 * m + 4 * k;
+          const uint8_t* b = s.tile[kB] + 64 * k + 4 * n;
+          acc += Bf16(a) * Bf16(b);
+          acc += Bf16(a + 2) * Bf16(b + 2);
+        }
+        if (std::fpclassify(acc) == FP_SUBNORMAL) acc = std::copysign(0.0f, acc);  // FTZ.
+        std::memcpy(s.tile[kC] + 64 * m + 4 * n, &acc, 4);
+      }
+    }
+  }
+};
+
+// ---- S = Q K^T. Tiles: C 0-3 (C[i][j] = tile 2 i + j), A 4-5 (q rows
+// r0 + 16 i), B 6-7 (keys j0 + 16 j).
+struct LogitsGeom {
+  const uint8_t* q;       // [rows16][q_stride] bf16.
+  int64_t q_stride;       // Bytes.
+  const uint8_t* kp;      // [dim_pad / 2][n32][2] bf16.
+  int64_t kp_stride;      // Bytes of a pair row: 4 * n32.
+  int64_t chunks;         // dim_pad / 32.
+  uint8_t* s;             // [rows16][s_stride] f32.
+  int64_t s_stride;       // Bytes.
+};
+
+// A block of kR x 16 rows and kC x 16 keys, summed over every 32-dim chunk.
+template <class Tiles, int kR, int kC>
+RPA_AMX_GLUE RPA_AMX_INLINE void LogitsBlock(const LogitsGeom& g, int64_t r0, int64_t j0) {
+  Tiles::template Zero<0>();
+  if constexpr (kC > 1) Tiles::template Zero<1>();
+  if constexpr (kR > 1) Tiles::template Zero<2>();
+  if constexpr (kR > 1 && kC > 1) Tiles::template Zero<3>();
+  const uint8_t* q = g.q + r0 * g.q_stride;
+  const uint8_t* kp = g.kp + 4 * j0;  // Key j0 of pair row 0.
+  for (int64_t c = 0; c < g.chunks; ++c) {
+    const uint8_t* b = kp + 16 * c * g.kp_stride;  // Pair rows 16 c .. 16 c + 15.
+    Tiles::template Load<4>(q + 64 * c, g.q_stride);
+    Tiles::template Load<6>(b, g.kp_stride);
+    if constexpr (kC > 1) Tiles::template Load<7>(b + 64, g.kp_stride);
+    if constexpr (kR > 1) Tiles::template Load<5>(q + 16 * g.q_stride + 64 * c, g.q_stride);
+    Tiles::template Dp<0, 4, 6>();
+    if constexpr (kC > 1) Tiles::template Dp<1, 4, 7>();
+    if constexpr (kR > 1) Tiles::template Dp<2, 5, 6>();
+    if constexpr (kR > 1 && kC > 1) Tiles::template Dp<3, 5, 7>();
+  }
+  uint8_t* s = g.s + r0 * g.s_stride + 4 * j0;
+  Tiles::template Store<0>(s, g.s_stride);
+  if constexpr (kC > 1) Tiles::template Store<1>(s + 64, g.s_stride);
+  if constexpr (kR > 1) Tiles::template Store<2>(s + 16 * g.s_stride, g.s_stride);
+  if constexpr (kR > 1 && kC > 1) Tiles::template Store<3>(s + 16 * g.s_stride + 64, g.s_stride);
+}
+
+// Row blocks of 32 (16 at an odd end) outside, key blocks of 32 (16) inside:
+// a row block's q (8 KiB at head_dim 128) stays in L1 while K streams from L2.
+template <class Tiles>
+RPA_AMX_GLUE void LogitsImpl(const AmxLogitsArgs& a) {
+  if (a.rows <= 0 || a.n <= 0) return;
+  Tiles::Configure(kConfigFull, kFullConfig);
+  const LogitsGeom g{reinterpret_cast<const uint8_t*>(a.q),
+                     2 * a.q_stride,
+                     reinterpret_cast<const uint8_t*>(a.k_packed),
+                     4 * AmxRoundUp(a.n, kAmxKeyAlign),
+                     AmxRoundUp(a.head_dim, kAmxDimAlign) / 32,
+                     reinterpret_cast<uint8_t*>(a.s),
+                     4 * a.s_stride};
+  const int64_t row_tiles = AmxRoundUp(a.rows, 16) / 16, key_tiles = AmxRoundUp(a.n, 16) / 16;
+  for (int64_t rt = 0; rt < row_tiles; rt += 2) {
+    const bool two_rows = rt + 1 < row_tiles;
+    int64_t kt = 0;
+    for (; kt + 1 < key_tiles; kt += 2) {
+      if (two_rows) {
+        LogitsBlock<Tiles, 2, 2>(g, 16 * rt, 16 * kt);
+      } else {
+        LogitsBlock<Tiles, 1, 2>(g, 16 * rt, 16 * kt);
+      }
+    }
+    if (kt < key_tiles) {
+      if (two_rows) {
+        LogitsBlock<Tiles, 2, 1>(g, 16 * rt, 16 * kt);
+      } else {
+        LogitsBlock<Tiles, 1, 1>(g, 16 * rt, 16 * kt);
+      }
+    }
+  }
+}
+
+// ---- O += P V. Tiles: C 0-3 (acc rows r0 + 16 i, dims d0 + 16 j), A 4-5
+// (weights of 32 keys), B 6-7 (16 key pairs x 16 dims).
+struct PvGeom {
+  const uint8_t* pb;  // [rows16][n32] bf16 weights.
+  int64_t pb_stride;  // Bytes: 2 * n32.
+  const uint8_t* vp;  // [n32 / 2][d16][2] bf16.
+  int64_t vp_stride;  // Bytes of a key-pair row: 4 * d16.
+  int64_t chunks;     // n32 / 32.
+  uint8_t* acc;       // [rows16][acc_stride] f32.
+  int64_t acc_stride;  // Bytes.
+};
+
+template <class Tiles, int kR, int kC>
+RPA_AMX_GLUE RPA_AMX_INLINE void PvBlock(const PvGeom& g, int64_t r0, int64_t d0) {
+  uint8_t* acc = g.acc + r0 * g.acc_stride + 4 * d0;
+  Tiles::template Load<0>(acc, g.acc_stride);
+  if constexpr (kC > 1) Tiles::template Load<1>(acc + 64, g.acc_stride);
+  if constexpr (kR > 1) Tiles::template Load<2>(acc + 16 * g.acc_stride, g.acc_stride);
+  if constexpr (kR > 1 && kC > 1) Tiles::template Load<3>(acc + 16 * g.acc_stride + 64, g.acc_stride);
+  const uint8_t* pb = g.pb + r0 * g.pb_stride;
+  const uint8_t* vp = g.vp + 4 * d0;
+  for (int64_t c = 0; c < g.chunks; ++c) {
+    const uint8_t* b = vp + 16 * c * g.vp_stride;  // Key pairs 16 c .. 16 c + 15.
+    Tiles::template Load<4>(pb + 64 * c, g.pb_stride);
+    Tiles::template Load<6>(b, g.vp_stride);
+    if constexpr (kC > 1) Tiles::template Load<7>(b + 64, g.vp_stride);
+    if constexpr (kR > 1) Tiles::template Load<5>(pb + 16 * g.pb_stride + 64 * c, g.pb_stride);
+    Tiles::template Dp<0, 4, 6>();
+    if constexpr (kC > 1) Tiles::template Dp<1, 4, 7>();
+    if constexpr (kR > 1) Tiles::template Dp<2, 5, 6>();
+    if constexpr (kR > 1 && kC > 1) Tiles::template Dp<3, 5, 7>();
+  }
+  Tiles::template Store<0>(acc, g.acc_stride);
+  if constexpr (kC > 1) Tiles::template Store<1>(acc + 64, g.acc_stride);
+  if constexpr (kR > 1) Tiles::template Store<2>(acc + 16 * g.acc_stride, g.acc_stride);
+  if constexpr (kR > 1 && kC > 1) {
+    Tiles::template Store<3>(acc + 16 * g.acc_stride + 64, g.acc_stride);
+  }
+}
+
+RPA_AMX_GLUE RPA_AMX_INLINE __mmask16 Mask16(int64_t count) {
+  return count >= 16 ? __mmask16{0xFFFF}
+         : count <= 0 ? __mmask16{0}
+                      : static_cast<__mmask16>((1u << count) - 1);
+}
+RPA_AMX_GLUE RPA_AMX_INLINE __mmask32 Mask32(int64_t count) {
+  return count >= 32 ? ~__mmask32{0}
+         : count <= 0 ? __mmask32{0}
+                      : static_cast<__mmask32>((1u << count) - 1);
+}
+
+// pb [rows16][n32] = bf16(p) (nearest even), zero for keys >= n and rows
+// >= rows; p's columns >= n are not read.
+RPA_AMX_GLUE void WeightsToBf16(const AmxPvArgs& a, int64_t n32, uint16_t* pb) {
+  const int64_t rows16 = AmxRoundUp(a.rows, 16);
+  for (int64_t r = 0; r < rows16; ++r) {
+    uint16_t* out = pb + r * n32;
+    if (r >= a.rows) {
+      std::memset(out, 0, 2 * n32);
+      continue;
+    }
+    const float* p = a.p + r * a.p_stride;
+    for (int64_t i = 0; i < n32; i += 32) {
+      const __m512 lo = _mm512_maskz_loadu_ps(Mask16(a.n - i), p + i);
+      const __m512 hi = _mm512_maskz_loadu_ps(Mask16(a.n - i - 16), p + i + 16);
+      _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  }
+}
+
+// Row blocks of 32 outside, dimension blocks of 32 inside (16 at odd ends);
+// each block reads all of P's row block and V's column block.
+template <class Tiles>
+RPA_AMX_GLUE void PvImpl(const AmxPvArgs& a) {
+  if (a.rows <= 0 || a.n <= 0) return;
+  const int64_t n32 = AmxRoundUp(a.n, kAmxKeyAlign);
+  WeightsToBf16(a, n32, a.p_bf16);
+  Tiles::Configure(kConfigFull, kFullConfig);
+  const PvGeom g{reinterpret_cast<const uint8_t*>(a.p_bf16),
+                 2 * n32,
+                 reinterpret_cast<const uint8_t*>(a.v_packed),
+                 4 * AmxRoundUp(a.head_dim, kAmxVDimAlign),
+                 n32 / 32,
+                 reinterpret_cast<uint8_t*>(a.acc),
+                 4 * a.acc_stride};
+  const int64_t row_tiles = AmxRoundUp(a.rows, 16) / 16;
+  const int64_t dim_tiles = AmxRoundUp(a.head_dim, 16) / 16;
+  for (int64_t rt = 0; rt < row_tiles; rt += 2) {
+    const bool two_rows = rt + 1 < row_tiles;
+    int64_t dt = 0;
+    for (; dt + 1 < dim_tiles; dt += 2) {
+      if (two_rows) {
+        PvBlock<Tiles, 2, 2>(g, 16 * rt, 16 * dt);
+      } else {
+        PvBlock<Tiles, 1, 2>(g, 16 * rt, 16 * dt);
+      }
+    }
+    if (dt < dim_tiles) {
+      if (two_rows) {
+        PvBlock<Tiles, 2, 1>(g, 16 * rt, 16 * dt);
+      } else {
+        PvBlock<Tiles, 1, 1>(g, 16 * rt, 16 * dt);
+      }
+    }
+  }
+}
+
+// ---- Packs: K/V row chunks converted to bf16 in registers.
+
+// The bf16 of each fp8 magnitude code (0-127), exact (NaN stays NaN); the
+// sign bit is or-ed back.
+struct Fp8Lut {
+  alignas(64) uint16_t bits[128];
+};
+
+Fp8Lut MakeFp8Lut(DType dtype) {
+  Fp8Lut t;
+  for (int code = 0; code < 128; ++code) {
+    const uint8_t byte = static_cast<uint8_t>(code);
+    t.bits[code] = BF16FromF32(LoadAsF32(dtype, &byte, 0)).bits;
+  }
+  return t;
+}
+
+const Fp8Lut& Fp8LutOf(DType dtype) {
+  static const Fp8Lut e4m3 = MakeFp8Lut(DType::kF8E4M3FN);
+  static const Fp8Lut e5m2 = MakeFp8Lut(DType::kF8E5M2);
+  return dtype == DType::kF8E5M2 ? e5m2 : e4m3;
+}
+
+// Reads one K/V row's elements [d0, d0 + 32) as 32 bf16 (zero past
+// head_dim; masked loads read nothing past it).
+template <DType kDtype>
+struct RowReader {
+  __m512i t0, t1, t2, t3;  // fp8: the Fp8Lut in four registers.
+  int64_t head_dim;
+
+  RPA_AMX_GLUE explicit RowReader(int64_t dim) : head_dim(dim) {
+    if constexpr (kDtype == DType::kF8E4M3FN || kDtype == DType::kF8E5M2) {
+      const Fp8Lut& lut = Fp8LutOf(kDtype);
+      t0 = _mm512_load_si512(lut.bits);
+      t1 = _mm512_load_si512(lut.bits + 32);
+      t2 = _mm512_load_si512(lut.bits + 64);
+      t3 = _mm512_load_si512(lut.bits + 96);
+    } else {
+      t0 = t1 = t2 = t3 = _mm512_setzero_si512();
+    }
+  }
+
+  RPA_AMX_GLUE RPA_AMX_INLINE __m512i operator()(const void* row, int64_t d0) const {
+    const __mmask32 mask = Mask32(head_dim - d0);
+    if constexpr (kDtype == DType::kBF16) {
+      return _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d0);
+    } else if constexpr (kDtype == DType::kI8) {
+      const __m256i x = _mm256_maskz_loadu_epi8(mask, static_cast<const int8_t*>(row) + d0);
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1)));
+      return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // Exact: |x| <= 128.
+    } else {
+      const __m512i x =
+          _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(row) + d0));
+      // permutex2var reads index bits [5:0]; bit 6 picks the table half.
+      const __m512i lo = _mm512_permutex2var_epi16(t0, x, t1);
+      const __m512i hi = _mm512_permutex2var_epi16(t2, x, t3);
+      const __m512i mag =
+          _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
+      const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+      return _mm512_or_si512(mag, sign);
+    }
+  }
+};
+
+// v[j] lane c becomes v[c] lane j (16 x 16 dwords): 32-bit and 64-bit
+// unpacks within 128-bit blocks, then two rounds of block shuffles.
+RPA_AMX_GLUE RPA_AMX_INLINE void Transpose16x16(__m512i* v) {
+  __m512i t[16], u[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]);
+  }
+  // u[4 k + m], block L: rows 4 k .. 4 k + 3 of column 4 L + m.
+  for (int k = 0; k < 4; ++k) {
+    u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+    u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i w0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
+    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88);
+    const __m512i w3 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
+    v[m] = _mm512_shuffle_i32x4(w0, w2, 0x88);
+    v[4 + m] = _mm512_shuffle_i32x4(w1, w3, 0x88);
+    v[8 + m] = _mm512_shuffle_i32x4(w0, w2, 0xDD);
+    v[12 + m] = _mm512_shuffle_i32x4(w1, w3, 0xDD);
+  }
+}
+
+// Blocks of 16 keys x 32 dims: 16 row chunks (16 dim pairs each) transposed
+// into 16 pair rows of 16 keys, each stored as one 64-byte vector.
+template <DType kDtype>
+RPA_AMX_GLUE void PackKeysImpl(const AmxPackArgs& a) {
+  const RowReader<kDtype> read(a.head_dim);
+  const int64_t n32 = AmxRoundUp(a.n, kAmxKeyAlign);
+  const int64_t dim_pad = AmxRoundUp(a.head_dim, kAmxDimAlign);
+  for (int64_t i0 = 0; i0 < n32; i0 += 16) {
+    for (int64_t d0 = 0; d0 < dim_pad; d0 += 32) {
+      __m512i v[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        v[j] = i0 + j < a.n ? read(a.rows[i0 + j], d0) : _mm512_setzero_si512();
+      }
+      Transpose16x16(v);
+      uint16_t* out = a.out + (d0 / 2) * 2 * n32 + 2 * i0;
+      for (int64_t t = 0; t < 16; ++t) _mm512_storeu_si512(out + t * 2 * n32, v[t]);
+    }
+  }
+}
+
+// Key pairs: rows 2 i and 2 i + 1 interleaved element by element (vpermt2w)
+// into one pair row of d16 dims.
+template <DType kDtype>
+RPA_AMX_GLUE void PackValuesImpl(const AmxPackArgs& a) {
+  const RowReader<kDtype> read(a.head_dim);
+  const int64_t n32 = AmxRoundUp(a.n, kAmxKeyAlign);
+  const int64_t d16 = AmxRoundUp(a.head_dim, kAmxVDimAlign);
+  alignas(64) uint16_t idx_lo[32], idx_hi[32];
+  for (int e = 0; e < 16; ++e) {
+    idx_lo[2 * e] = static_cast<uint16_t>(e);
+    idx_lo[2 * e + 1] = static_cast<uint16_t>(32 + e);
+    idx_hi[2 * e] = static_cast<uint16_t>(16 + e);
+    idx_hi[2 * e + 1] = static_cast<uint16_t>(48 + e);
+  }
+  const __m512i lo_index = _mm512_load_si512(idx_lo), hi_index = _mm512_load_si512(idx_hi);
+  for (int64_t i = 0; i < n32; i += 2) {
+    uint16_t* out = a.out + i * d16;  // Pair row i / 2: 2 * d16 elements.
+    if (i >= a.n) {
+      std::memset(out, 0, 4 * d16);
+      continue;
+    }
+    for (int64_t d0 = 0; d0 < d16; d0 += 32) {
+      const __m512i x = read(a.rows[i], d0);
+      const __m512i y = i + 1 < a.n ? read(a.rows[i + 1], d0) : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + 2 * d0, _mm512_permutex2var_epi16(x, lo_index, y));
+      if (d0 + 16 < d16) {
+        _mm512_storeu_si512(out + 2 * d0 + 32, _mm512_permutex2var_epi16(x, hi_index, y));
+      }
+    }
+  }
+}
+
+template <template <DType> class Fn>
+void DispatchDtype(const AmxPackArgs& a) {
+  switch (a.dtype) {
+    case DType::kBF16: Fn<DType::kBF16>::Run(a); return;
+    case DType::kF8E4M3FN: Fn<DType::kF8E4M3FN>::Run(a); return;
+    case DType::kF8E5M2: Fn<DType::kF8E5M2>::Run(a); return;
+    case DType::kI8: Fn<DType::kI8>::Run(a); return;
+    default:
+      std::fprintf(stderr, "AmxPack: K/V dtype %s is not exact in bf16\n",
+                   std::string(ToString(a.dtype)).c_str());
+      std::abort();
+  }
+}
+template <DType kDtype>
+struct PackKeysFn {
+  static void Run(const AmxPackArgs& a) { PackKeysImpl<kDtype>(a); }
+};
+template <DType kDtype>
+struct PackValuesFn {
+  static void Run(const AmxPackArgs& a) { PackValuesImpl<kDtype>(a); }
+};
+
+// ---- The peak probe: C tiles 0-5 += A (tile 6) B (tile 7), in batches.
+RPA_AMX_GLUE double PeakImpl(double seconds) {
+  alignas(64) uint16_t ones[512];  // bf16 1.0: finite, never subnormal.
+  std::fill(ones, ones + 512, uint16_t{0x3F80});
+  HwTiles::Configure(kConfigFull, kFullConfig);
+  HwTiles::Load<6>(ones, 64);
+  HwTiles::Load<7>(ones, 64);
+  auto batch = [](int64_t iterations) {
+    for (int64_t i = 0; i < iterations; ++i) {
+      HwTiles::Dp<0, 6, 7>();
+      HwTiles::Dp<1, 6, 7>();
+      HwTiles::Dp<2, 6, 7>();
+      HwTiles::Dp<3, 6, 7>();
+      HwTiles::Dp<4, 6, 7>();
+      HwTiles::Dp<5, 6, 7>();
+    }
+  };
+  HwTiles::Zero<0>(); HwTiles::Zero<1>(); HwTiles::Zero<2>();
+  HwTiles::Zero<3>(); HwTiles::Zero<4>(); HwTiles::Zero<5>();
+  batch(20000);  // Warm-up: the core's AMX power license.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  int64_t done = 0;
+  double elapsed = 0;
+  constexpr int64_t kBatch = 4096;
+  do {
+    batch(kBatch);
+    done += kBatch;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < seconds);
+  return 6.0 * static_cast<double>(done) * (2.0 * 16 * 16 * 32) / elapsed * 1e-9;
+}
+
+}  // namespace
+
+void AmxPackKeys(const AmxPackArgs& args) {
+  if (args.n > 0 && args.head_dim > 0) DispatchDtype<PackKeysFn>(args);
+}
+
+void AmxPackValues(const AmxPackArgs& args) {
+  if (args.n > 0 && args.head_dim > 0) DispatchDtype<PackValuesFn>(args);
+}
+
+void AmxLogits(const AmxLogitsArgs& args, AmxBackend backend) {
+  if (backend == AmxBackend::kHardware) {
+    LogitsImpl<HwTiles>(args);
+  } else {
+    LogitsImpl<EmuTiles>(args);
+  }
+}
+
+void AmxPv(const AmxPvArgs& args, AmxBackend backend) {
+  if (backend == AmxBackend::kHardware) {
+    PvImpl<HwTiles>(args);
+  } else {
+    PvImpl<EmuTiles>(args);
+  }
+}
+
+void AmxReleaseTiles() {
+  if (AmxSupport().usable) HwTiles::Release();
+}
+
+double AmxBf16PeakGflops(double seconds) {
+  if (!AmxSupport().usable) return 0.0;
+  return PeakImpl(seconds);
+}
+
+#endif  // defined(__x86_64__)
+
+}  // namespace rpa::internal
