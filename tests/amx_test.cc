@@ -70,14 +70,15 @@ const char* DtypeName(DType d) {
 uint8_t NanCode(DType d) { return d == DType::kF8E5M2 ? 0x7E : 0x7F; }
 
 // n cache rows of head_dim elements, 64 bytes of NaN codes after each, in a
-// scrambled order in one buffer; values[i * head_dim + d] is the true value.
+// scrambled order in one buffer (in_order: equally far apart, as in a page); values[i * head_dim + d] is the true value.
 struct CacheRows {
   std::vector<uint8_t> bytes;
   std::vector<const void*> rows;
   std::vector<double> values;
 };
 
-CacheRows MakeRows(DType dtype, int64_t n, int64_t head_dim, uint32_t seed) {
+CacheRows MakeRows(DType dtype, int64_t n, int64_t head_dim, uint32_t seed,
+                   bool in_order = false) {
   const int64_t elem = static_cast<int64_t>(SizeOf(dtype));
   const int64_t stride = head_dim * elem + 64;
   CacheRows c;
@@ -88,7 +89,7 @@ CacheRows MakeRows(DType dtype, int64_t n, int64_t head_dim, uint32_t seed) {
   std::vector<int64_t> slot(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) slot[i] = i;
   std::mt19937 rng(seed);
-  std::shuffle(slot.begin(), slot.end(), rng);
+  if (!in_order) std::shuffle(slot.begin(), slot.end(), rng);
   std::normal_distribution<float> normal;
   c.rows.resize(static_cast<size_t>(n));
   c.values.resize(static_cast<size_t>(n * head_dim));
@@ -373,6 +374,88 @@ TEST_P(AmxProductTest, PvMatchesF64) {
 INSTANTIATE_TEST_SUITE_P(Grid, AmxProductTest, ::testing::ValuesIn(SampledGrid()),
                          [](const ::testing::TestParamInfo<ProductCase>& param_info) {
                            return CaseName(param_info.param);
+                         });
+
+// ---- Decode: S^T = K Q^T, K rows in page order (loaded in place where
+// bf16 and whole 32-dim chunks) or scrambled (converted into scratch).
+struct DecodeCase {
+  int64_t g, n, head_dim;
+  DType dtype;
+  bool in_order;
+  AmxBackend backend;
+};
+
+std::vector<DecodeCase> DecodeGrid() {
+  const int64_t gs[] = {1, 3, 4, 8, 16, 17, 32};
+  const int64_t keys[] = {1, 15, 16, 17, 33, 100, 256};
+  const int64_t dims[] = {5, 32, 64, 80, 128, 256};
+  const DType dtypes[] = {DType::kBF16, DType::kF8E4M3FN, DType::kBF16, DType::kF8E5M2,
+                          DType::kBF16, DType::kI8};
+  std::vector<DecodeCase> cases;
+  for (AmxBackend backend : {AmxBackend::kHardware, AmxBackend::kEmulated}) {
+    for (int h = 0; h < 6; ++h) {
+      for (int k = 0; k < 7; ++k) {
+        cases.push_back({gs[(3 * h + k) % 7], keys[k], dims[h], dtypes[(h + k) % 6],
+                         (h + 2 * k) % 3 != 0, backend});
+      }
+    }
+  }
+  return cases;
+}
+
+std::string DecodeName(const DecodeCase& c) {
+  return std::string(c.backend == AmxBackend::kHardware ? "Hardware" : "Emulated") + "_g" +
+         std::to_string(c.g) + "_n" + std::to_string(c.n) + "_hd" +
+         std::to_string(c.head_dim) + "_" + DtypeName(c.dtype) +
+         (c.in_order ? "_paged" : "_scrambled");
+}
+
+class AmxDecodeTest : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(AmxDecodeTest, TransposedLogitsMatchF64) {
+  const DecodeCase c = GetParam();
+  std::string why;
+  if (!CanRun(c.backend, &why)) GTEST_SKIP() << why;
+  const CacheRows k = MakeRows(c.dtype, c.n, c.head_dim, 51, c.in_order);
+  const QRows q = MakeQ(c.g, c.head_dim, 52);
+  std::vector<uint16_t> qt(AmxPackedQtElems(c.g, c.head_dim));
+  AmxPackQt(q.bits.data(), q.stride, c.g, c.head_dim, qt.data());
+  std::vector<uint16_t> scratch(AmxDecodeScratchElems(c.head_dim));
+  const int64_t st_stride = c.g + 3, n16 = RoundUp(c.n, 16);
+  std::vector<float> st(static_cast<size_t>((n16 + 1) * st_stride), NanF32(0x44));
+  AmxDecodeLogitsT({c.dtype, k.rows.data(), c.n, c.head_dim, qt.data(), c.g, st.data(),
+                    st_stride, scratch.data()},
+                   c.backend);
+  int64_t bad = 0, touched = 0;
+  for (int64_t i = 0; i <= n16; ++i) {
+    for (int64_t j = 0; j < st_stride; ++j) {
+      const float got = st[i * st_stride + j];
+      if (i >= n16 || j >= c.g) {
+        touched += Bits(got) != Bits(NanF32(0x44));
+        continue;
+      }
+      if (i >= c.n) {
+        bad += got != 0.0f;
+        continue;
+      }
+      double want = 0, bound = 0;
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        const double prod = Bf16Value(q.bits[j * q.stride + d]) * k.values[i * c.head_dim + d];
+        want += prod;
+        bound += std::fabs(prod);
+      }
+      if (!(std::fabs(got - want) <= 1e-5 * bound + 1e-30)) {
+        if (++bad <= 5) ADD_FAILURE() << "st[" << i << "][" << j << "] " << got << " want " << want;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(touched, 0) << "st written outside [RoundUp(n, 16)][g]";
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, AmxDecodeTest, ::testing::ValuesIn(DecodeGrid()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& param_info) {
+                           return DecodeName(param_info.param);
                          });
 
 // ---- Four threads at once (each its own tile state) give the single

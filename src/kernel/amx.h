@@ -139,6 +139,42 @@ struct AmxPvArgs {
 // f32 subnormal weights flush to zero). p is not modified.
 void AmxPv(const AmxPvArgs& args, AmxBackend backend = AmxBackend::kHardware);
 
+// ---- Decode option: S^T = K Q^T for one query token's g = 1..32 q heads
+// of a kv head. The A operand is 16 keys x 32 dims; for bf16 K with
+// head_dim % 32 == 0 and 16 keys equally far apart (one page), it is
+// loaded straight from the cache rows (stride = their distance, no
+// repack); other blocks (a tile's last keys, rows across pages, dim tails,
+// 8-bit K) are converted into scratch first. The B operand is Q^T, packed
+// once per task by AmxPackQt. Uses its own tile configuration per g (one
+// ldtilecfg when a thread switches between decode and AmxLogits/AmxPv).
+// Q^T: [RoundUp(head_dim, 32) / 2][g][2] bf16.
+inline int64_t AmxPackedQtElems(int64_t g, int64_t head_dim) {
+  return AmxRoundUp(head_dim, kAmxDimAlign) * g;
+}
+// Scratch of AmxDecodeLogitsT: two converted key blocks, [2][16][RoundUp(
+// head_dim, 32)] bf16.
+inline int64_t AmxDecodeScratchElems(int64_t head_dim) {
+  return 2 * kAmxTileRows * AmxRoundUp(head_dim, kAmxDimAlign);
+}
+// out = Q^T of q's g rows ([g][q_stride] bf16, head_dim used), zero for
+// dims >= head_dim. Plain C++.
+void AmxPackQt(const uint16_t* q, int64_t q_stride, int64_t g, int64_t head_dim, uint16_t* out);
+
+struct AmxDecodeLogitsArgs {
+  DType dtype = DType::kBF16;           // K: bf16, e4m3fn, e5m2 or int8.
+  const void* const* k_rows = nullptr;  // [n] cache rows, head_dim elements read.
+  int64_t n = 0;
+  int64_t head_dim = 0;
+  const uint16_t* qt = nullptr;  // AmxPackQt of g rows.
+  int64_t g = 0;                 // 1..32.
+  float* st = nullptr;           // [RoundUp(n, 16)][st_stride >= g] f32.
+  int64_t st_stride = 0;
+  uint16_t* scratch = nullptr;  // AmxDecodeScratchElems(head_dim) elements.
+};
+// st[i * st_stride + j] = q_j . k_i for i < n, j < g; rows [n, RoundUp(n,
+// 16)) of st get zeros, columns >= g are not written.
+void AmxDecodeLogitsT(const AmxDecodeLogitsArgs& args, AmxBackend backend = AmxBackend::kHardware);
+
 // tilerelease: returns the thread's tiles to their init state (the kernel
 // then skips saving ~8 KiB of tile data on context switches) and forgets
 // the thread's current configuration, so the next product reloads it. The
