@@ -70,7 +70,8 @@ const char* DtypeName(DType d) {
 uint8_t NanCode(DType d) { return d == DType::kF8E5M2 ? 0x7E : 0x7F; }
 
 // n cache rows of head_dim elements, 64 bytes of NaN codes after each, in a
-// scrambled order in one buffer (in_order: equally far apart, as in a page); values[i * head_dim + d] is the true value.
+// scrambled order in one buffer (in_order: equally far apart, as in a
+// page); values[i * head_dim + d] is the true value.
 struct CacheRows {
   std::vector<uint8_t> bytes;
   std::vector<const void*> rows;
@@ -355,7 +356,9 @@ TEST_P(AmxProductTest, PvMatchesF64) {
       }
       const double got = acc[r * d.acc_stride + e];
       if (!(std::fabs(got - want) <= 1e-5 * bound + 1e-30)) {
-        if (++bad <= 5) ADD_FAILURE() << "acc[" << r << "][" << e << "] " << got << " want " << want;
+        if (++bad <= 5) {
+          ADD_FAILURE() << "acc[" << r << "][" << e << "] " << got << " want " << want;
+        }
       }
     }
   }

@@ -337,7 +337,9 @@ RPA_AMX_GLUE RPA_AMX_INLINE void PvBlock(const PvGeom& g, int64_t r0, int64_t d0
   Tiles::template Load<0>(acc, g.acc_stride);
   if constexpr (kC > 1) Tiles::template Load<1>(acc + 64, g.acc_stride);
   if constexpr (kR > 1) Tiles::template Load<2>(acc + 16 * g.acc_stride, g.acc_stride);
-  if constexpr (kR > 1 && kC > 1) Tiles::template Load<3>(acc + 16 * g.acc_stride + 64, g.acc_stride);
+  if constexpr (kR > 1 && kC > 1) {
+    Tiles::template Load<3>(acc + 16 * g.acc_stride + 64, g.acc_stride);
+  }
   const uint8_t* pb = g.pb + r0 * g.pb_stride;
   const uint8_t* vp = g.vp + 4 * d0;
   for (int64_t c = 0; c < g.chunks; ++c) {
@@ -478,8 +480,8 @@ struct RowReader {
       const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1)));
       return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // Exact: |x| <= 128.
     } else {
-      const __m512i x =
-          _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(row) + d0));
+      const uint8_t* src = static_cast<const uint8_t*>(row) + d0;
+      const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src));
       // permutex2var reads index bits [5:0]; bit 6 picks the table half.
       const __m512i lo = _mm512_permutex2var_epi16(t0, x, t1);
       const __m512i hi = _mm512_permutex2var_epi16(t2, x, t3);
