@@ -172,6 +172,26 @@ BENCHMARK(BM_Bf16PrefillTile)
     ->ArgsProduct({{512}, {0, 1}})
     ->Apply([](benchmark::internal::Benchmark* b) { Repeated(b); });
 
+// AmxPv's f32 -> bf16 pass over the weights alone (AVX-512; runs here):
+// range(0) rows x 256 keys.
+void BM_AmxWeightsToBf16(benchmark::State& state) {
+  if (!internal::CpuHasAvx512Bf16()) {
+    state.SkipWithError("no AVX-512 BF16");
+    return;
+  }
+  PrefillTile t(state.range(0));
+  for (auto _ : state) {
+    internal::AmxWeightsToBf16(t.s.data(), t.kKeys, t.rows, t.kKeys, t.pb.data());
+    benchmark::DoNotOptimize(t.pb.data());
+  }
+  state.counters["ns_per_key"] = benchmark::Counter(
+      static_cast<double>(t.kKeys) * state.iterations(),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_AmxWeightsToBf16)->Arg(512)->Arg(32)->Apply([](benchmark::internal::Benchmark* b) {
+  Repeated(b);
+});
+
 // ---- Packs: 256 keys x head_dim 128; range(0) dtype, range(1): 0 K, 1 V;
 // range(2): bytes from row to row (4096: NHD pages of 8 kv heads x K, V;
 // 256: HND, one head's rows back to back). ns per key.

@@ -374,6 +374,36 @@ TEST_P(AmxProductTest, PvMatchesF64) {
   EXPECT_EQ(touched, 0) << "acc written outside [RoundUp(rows, 16)][RoundUp(head_dim, 16)]";
 }
 
+// AmxPvBf16 straight from bf16 weights with a wider stride and NaN in the
+// padding rows (they reach only acc's padding rows), = AmxPv bit for bit.
+TEST_P(AmxProductTest, PvBf16MatchesPv) {
+  const ProductCase c = GetParam();
+  std::string why;
+  if (!CanRun(c.backend, &why)) GTEST_SKIP() << why;
+  const CacheRows v = MakeRows(c.dtype, c.n, c.head_dim, 23);
+  const PvData d = MakePv(c, 24);
+  const std::vector<float> want = RunPv(c, d, v);
+  std::vector<uint16_t> vp(AmxPackedValuesElems(c.n, c.head_dim));
+  AmxPackValues({c.dtype, v.rows.data(), c.n, c.head_dim, vp.data()});
+  const int64_t rows16 = RoundUp(c.rows, 16), n32 = RoundUp(c.n, 32), stride = n32 + 32;
+  std::vector<uint16_t> packed(AmxPvScratchElems(c.rows, c.n));
+  AmxWeightsToBf16(d.p.data(), d.p_stride, c.rows, c.n, packed.data());
+  std::vector<uint16_t> pb(static_cast<size_t>(rows16 * stride), 0x7FC0);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    std::copy(packed.begin() + r * n32, packed.begin() + (r + 1) * n32, pb.begin() + r * stride);
+  }
+  std::vector<float> acc = d.acc0;
+  AmxPvBf16({pb.data(), stride, c.rows, vp.data(), c.n, c.head_dim, acc.data(), d.acc_stride},
+            c.backend);
+  int64_t differ = 0;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t e = 0; e < c.head_dim; ++e) {
+      differ += Bits(acc[r * d.acc_stride + e]) != Bits(want[r * d.acc_stride + e]);
+    }
+  }
+  EXPECT_EQ(differ, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Grid, AmxProductTest, ::testing::ValuesIn(SampledGrid()),
                          [](const ::testing::TestParamInfo<ProductCase>& param_info) {
                            return CaseName(param_info.param);

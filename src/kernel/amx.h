@@ -139,6 +139,28 @@ struct AmxPvArgs {
 // f32 subnormal weights flush to zero). p is not modified.
 void AmxPv(const AmxPvArgs& args, AmxBackend backend = AmxBackend::kHardware);
 
+// AmxPv's two halves, for a softmax that writes bf16 weights itself (and so
+// saves AmxPv's pass over p: 512 x 256 f32 weights are 512 KiB).
+// p_bf16 [RoundUp(rows, 16)][RoundUp(n, 32)] = bf16(p), nearest even, zero
+// for keys >= n and rows >= rows; p's columns >= n are not read. AVX-512.
+void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
+                      uint16_t* p_bf16);
+struct AmxPvBf16Args {
+  // [RoundUp(rows, 16)][p_stride] bf16, p_stride >= RoundUp(n, 32); keys
+  // [n, RoundUp(n, 32)) finite (zero); rows >= rows reach only acc's rows
+  // >= rows.
+  const uint16_t* p_bf16 = nullptr;
+  int64_t p_stride = 0;
+  int64_t rows = 0;
+  const uint16_t* v_packed = nullptr;  // AmxPackValues of n keys, head_dim dims.
+  int64_t n = 0;
+  int64_t head_dim = 0;
+  float* acc = nullptr;  // As in AmxPvArgs.
+  int64_t acc_stride = 0;
+};
+// acc[r * acc_stride + d] += sum_{i < n} p_bf16[r * p_stride + i] * v_i[d].
+void AmxPvBf16(const AmxPvBf16Args& args, AmxBackend backend = AmxBackend::kHardware);
+
 // ---- Decode option: S^T = K Q^T for one query token's g = 1..32 q heads
 // of a kv head. The A operand is 16 keys x 32 dims; for bf16 K with
 // head_dim % 32 == 0 and 16 keys equally far apart (one page), it is

@@ -193,7 +193,7 @@ struct EmuTiles {
   template <int kT>
   static void Load(const void* base, int64_t stride_bytes) {
     State& s = S();
-    if (!s.configured) Fail("tileloadd without a configuration");
+    if (!s.configured || s.config.rows[kT] == 0) Fail("tileloadd on an unconfigured tile");
     std::memset(s.tile[kT], 0, 1024);
     for (int r = 0; r < s.config.rows[kT]; ++r) {
       std::memcpy(s.tile[kT] + 64 * r, static_cast<const uint8_t*>(base) + r * stride_bytes,
@@ -203,6 +203,7 @@ struct EmuTiles {
   template <int kT>
   static void Store(void* base, int64_t stride_bytes) {
     State& s = S();
+    if (!s.configured || s.config.rows[kT] == 0) Fail("tilestored of an unconfigured tile");
     for (int r = 0; r < s.config.rows[kT]; ++r) {
       std::memcpy(static_cast<uint8_t*>(base) + r * stride_bytes, s.tile[kT] + 64 * r,
                   s.config.colsb[kT]);
@@ -226,7 +227,7 @@ struct EmuTiles {
     State& s = S();
     const TileConfig& c = s.config;
     const int m_rows = c.rows[kC], pairs = c.colsb[kA] / 4, cols = c.colsb[kC] / 4;
-    if (c.rows[kA] != m_rows || c.rows[kB] != pairs || c.colsb[kB] != c.colsb[kC]) {
+    if (!s.configured || m_rows == 0 || pairs == 0 || cols == 0 || c.rows[kA] != m_rows || c.rows[kB] != pairs || c.colsb[kB] != c.colsb[kC]) {
       Fail("tdpbf16ps operands do not fit the configuration");
     }
     for (int m = 0; m < m_rows; ++m) {
@@ -323,7 +324,7 @@ RPA_AMX_GLUE void LogitsImpl(const AmxLogitsArgs& a) {
 // (weights of 32 keys), B 6-7 (16 key pairs x 16 dims).
 struct PvGeom {
   const uint8_t* pb;  // [rows16][n32] bf16 weights.
-  int64_t pb_stride;  // Bytes: 2 * n32.
+  int64_t pb_stride;  // Bytes: 2 * (elements >= n32).
   const uint8_t* vp;  // [n32 / 2][d16][2] bf16.
   int64_t vp_stride;  // Bytes of a key-pair row: 4 * d16.
   int64_t chunks;     // n32 / 32.
@@ -374,18 +375,19 @@ RPA_AMX_GLUE RPA_AMX_INLINE __mmask32 Mask32(int64_t count) {
 
 // pb [rows16][n32] = bf16(p) (nearest even), zero for keys >= n and rows
 // >= rows; p's columns >= n are not read.
-RPA_AMX_GLUE void WeightsToBf16(const AmxPvArgs& a, int64_t n32, uint16_t* pb) {
-  const int64_t rows16 = AmxRoundUp(a.rows, 16);
+RPA_AMX_GLUE void WeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
+                                uint16_t* pb) {
+  const int64_t rows16 = AmxRoundUp(rows, 16), n32 = AmxRoundUp(n, kAmxKeyAlign);
   for (int64_t r = 0; r < rows16; ++r) {
     uint16_t* out = pb + r * n32;
-    if (r >= a.rows) {
+    if (r >= rows) {
       std::memset(out, 0, 2 * n32);
       continue;
     }
-    const float* p = a.p + r * a.p_stride;
+    const float* row = p + r * p_stride;
     for (int64_t i = 0; i < n32; i += 32) {
-      const __m512 lo = _mm512_maskz_loadu_ps(Mask16(a.n - i), p + i);
-      const __m512 hi = _mm512_maskz_loadu_ps(Mask16(a.n - i - 16), p + i + 16);
+      const __m512 lo = _mm512_maskz_loadu_ps(Mask16(n - i), row + i);
+      const __m512 hi = _mm512_maskz_loadu_ps(Mask16(n - i - 16), row + i + 16);
       _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
     }
   }
@@ -394,13 +396,12 @@ RPA_AMX_GLUE void WeightsToBf16(const AmxPvArgs& a, int64_t n32, uint16_t* pb) {
 // Row blocks of 32 outside, dimension blocks of 32 inside (16 at odd ends);
 // each block reads all of P's row block and V's column block.
 template <class Tiles>
-RPA_AMX_GLUE void PvImpl(const AmxPvArgs& a) {
+RPA_AMX_GLUE void PvImpl(const AmxPvBf16Args& a) {
   if (a.rows <= 0 || a.n <= 0) return;
   const int64_t n32 = AmxRoundUp(a.n, kAmxKeyAlign);
-  WeightsToBf16(a, n32, a.p_bf16);
   Tiles::Configure(kConfigFull, kFullConfig);
   const PvGeom g{reinterpret_cast<const uint8_t*>(a.p_bf16),
-                 2 * n32,
+                 2 * a.p_stride,
                  reinterpret_cast<const uint8_t*>(a.v_packed),
                  4 * AmxRoundUp(a.head_dim, kAmxVDimAlign),
                  n32 / 32,
@@ -776,12 +777,24 @@ void AmxLogits(const AmxLogitsArgs& args, AmxBackend backend) {
   }
 }
 
-void AmxPv(const AmxPvArgs& args, AmxBackend backend) {
+void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
+                      uint16_t* p_bf16) {
+  if (rows > 0 && n > 0) WeightsToBf16(p, p_stride, rows, n, p_bf16);
+}
+
+void AmxPvBf16(const AmxPvBf16Args& args, AmxBackend backend) {
   if (backend == AmxBackend::kHardware) {
     PvImpl<HwTiles>(args);
   } else {
     PvImpl<EmuTiles>(args);
   }
+}
+
+void AmxPv(const AmxPvArgs& args, AmxBackend backend) {
+  AmxWeightsToBf16(args.p, args.p_stride, args.rows, args.n, args.p_bf16);
+  AmxPvBf16({args.p_bf16, AmxRoundUp(args.n, kAmxKeyAlign), args.rows, args.v_packed, args.n,
+             args.head_dim, args.acc, args.acc_stride},
+            backend);
 }
 
 void AmxPackQt(const uint16_t* q, int64_t q_stride, int64_t g, int64_t head_dim,
