@@ -20,6 +20,7 @@
 #include "kernel/kernel.h"
 #include "rpa/dtype.h"
 
+#if defined(__x86_64__)
 namespace rpa {
 namespace {
 
@@ -291,5 +292,6 @@ BENCHMARK(BM_DecodePv)
 
 }  // namespace
 }  // namespace rpa
+#endif  // defined(__x86_64__): elsewhere the AMX module has no functions to time.
 
 BENCHMARK_MAIN();

@@ -385,7 +385,12 @@ RPA_AMX_GLUE void WeightsToBf16(const float* p, int64_t p_stride, int64_t rows, 
       continue;
     }
     const float* row = p + r * p_stride;
-    for (int64_t i = 0; i < n32; i += 32) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m512 lo = _mm512_loadu_ps(row + i), hi = _mm512_loadu_ps(row + i + 16);
+      _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+    for (; i < n32; i += 32) {
       const __m512 lo = _mm512_maskz_loadu_ps(Mask16(n - i), row + i);
       const __m512 hi = _mm512_maskz_loadu_ps(Mask16(n - i - 16), row + i + 16);
       _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
