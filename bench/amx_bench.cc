@@ -104,7 +104,7 @@ struct PrefillTile {
     internal::AmxPackValues({DType::kBF16, v.ptrs.data(), kKeys, kDim, vp.data()});
   }
   void Logits(float* out) {
-    internal::AmxLogits({q.data(), kDim, rows, kp.data(), kKeys, kDim, out, kKeys});
+    internal::AmxLogits({q.data(), kDim, rows, kp.data(), kKeys, kDim, out, kKeys, false});
   }
   void Pv() {
     internal::AmxPv({s.data(), kKeys, rows, vp.data(), kKeys, kDim, acc.data(), kDim, pb.data()});
@@ -251,7 +251,8 @@ void BM_DecodeLogits(benchmark::State& state) {
           {DType::kBF16, k.ptrs.data(), n, dim, qt.data(), g, s.data(), g, scratch.data()});
     } else if (how == 1) {
       internal::AmxPackKeys({DType::kBF16, k.ptrs.data(), n, dim, kp.data()});
-      internal::AmxLogits({q.data(), dim, g, kp.data(), n, dim, s.data(), AmxRoundUp(n, 16)});
+      internal::AmxLogits(
+          {q.data(), dim, g, kp.data(), n, dim, s.data(), AmxRoundUp(n, 16), false});
     } else {
       internal::WideLogits(DType::kBF16, q_eo.data(), dim, g, k.ptrs.data(), n, dim, s.data(), n,
                            nullptr, 0, 0);

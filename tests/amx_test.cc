@@ -262,7 +262,7 @@ Logits RunLogits(const ProductCase& c, const QRows& q, const CacheRows& k) {
   out.stride = RoundUp(c.n, 16) + 16;
   out.s.assign(static_cast<size_t>((RoundUp(c.rows, 16) + 1) * out.stride), NanF32(0x77));
   AmxLogits({q.bits.data(), q.stride, c.rows, kp.data(), c.n, c.head_dim, out.s.data(),
-             out.stride},
+             out.stride, false},
             c.backend);
   return out;
 }
@@ -301,6 +301,43 @@ TEST_P(AmxProductTest, LogitsMatchF64) {
     }
   }
   EXPECT_EQ(touched, 0) << "s written outside [RoundUp(rows, 16)][RoundUp(n, 16)]";
+}
+
+// q = hi + lo as two bf16 rows (f32 q on the tiles): the second call adds.
+TEST_P(AmxProductTest, LogitsAccumulateHiLo) {
+  const ProductCase c = GetParam();
+  std::string why;
+  if (!CanRun(c.backend, &why)) GTEST_SKIP() << why;
+  const CacheRows k = MakeRows(c.dtype, c.n, c.head_dim, 13);
+  const QRows hi = MakeQ(c.rows, c.head_dim, 14);
+  QRows lo = hi;
+  for (uint16_t& b : lo.bits) {
+    if ((b & 0x7FFF) != 0 && (b & 0x7F80) != 0x7F80) b = BF16FromF32(Bf16Value(b) / 512.0f).bits;
+  }
+  std::vector<uint16_t> kp(AmxPackedKeysElems(c.n, c.head_dim));
+  AmxPackKeys({c.dtype, k.rows.data(), c.n, c.head_dim, kp.data()});
+  const int64_t stride = RoundUp(c.n, 16);
+  std::vector<float> s(static_cast<size_t>(RoundUp(c.rows, 16) * stride));
+  AmxLogits({hi.bits.data(), hi.stride, c.rows, kp.data(), c.n, c.head_dim, s.data(), stride,
+             false},
+            c.backend);
+  AmxLogits({lo.bits.data(), lo.stride, c.rows, kp.data(), c.n, c.head_dim, s.data(), stride,
+             true},
+            c.backend);
+  int64_t bad = 0;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t i = 0; i < c.n; ++i) {
+      double want = 0, bound = 0;
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        const double q = static_cast<double>(Bf16Value(hi.bits[r * hi.stride + d])) +
+                         Bf16Value(lo.bits[r * lo.stride + d]);
+        want += q * k.values[i * c.head_dim + d];
+        bound += std::fabs(q * k.values[i * c.head_dim + d]);
+      }
+      bad += !(std::fabs(s[r * stride + i] - want) <= 2e-5 * bound + 1e-30);
+    }
+  }
+  EXPECT_EQ(bad, 0);
 }
 
 // acc += bf16(p) V on the tiles. p: [rows][n + 5] in [0, 1), NaN past n.

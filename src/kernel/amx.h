@@ -115,9 +115,12 @@ struct AmxLogitsArgs {
   // padding rows).
   float* s = nullptr;
   int64_t s_stride = 0;
+  // Add to s's values (all of [RoundUp(rows, 16)][RoundUp(n, 16)]) instead
+  // of overwriting them: q = hi + lo in bf16 for f32/f16 q is two calls.
+  bool accumulate = false;
 };
-// s[r * s_stride + i] = q_r . k_i (f32 sum of exact bf16 products) for r <
-// rows, i < n. No scratch. Uses tiles 0-7 (reconfigures if needed).
+// s[r * s_stride + i] (+)= q_r . k_i (f32 sum of exact bf16 products) for r
+// < rows, i < n. No scratch. Uses tiles 0-7 (reconfigures if needed).
 void AmxLogits(const AmxLogitsArgs& args, AmxBackend backend = AmxBackend::kHardware);
 
 struct AmxPvArgs {

@@ -247,6 +247,38 @@ struct EmuTiles {
   }
 };
 
+// ---- A block's C tiles 0-3: C[i][j] = tile 2 i + j (i < kR, j < kC), 16
+// rows x 16 f32 each, C[i][j] at base + 16 i rows + 64 j bytes.
+template <class Tiles, int kR, int kC>
+RPA_AMX_INLINE void ZeroC() {
+  Tiles::template Zero<0>();
+  if constexpr (kC > 1) Tiles::template Zero<1>();
+  if constexpr (kR > 1) Tiles::template Zero<2>();
+  if constexpr (kR > 1 && kC > 1) Tiles::template Zero<3>();
+}
+template <class Tiles, int kR, int kC>
+RPA_AMX_INLINE void LoadC(const uint8_t* base, int64_t stride) {
+  Tiles::template Load<0>(base, stride);
+  if constexpr (kC > 1) Tiles::template Load<1>(base + 64, stride);
+  if constexpr (kR > 1) Tiles::template Load<2>(base + 16 * stride, stride);
+  if constexpr (kR > 1 && kC > 1) Tiles::template Load<3>(base + 16 * stride + 64, stride);
+}
+template <class Tiles, int kR, int kC>
+RPA_AMX_INLINE void StoreC(uint8_t* base, int64_t stride) {
+  Tiles::template Store<0>(base, stride);
+  if constexpr (kC > 1) Tiles::template Store<1>(base + 64, stride);
+  if constexpr (kR > 1) Tiles::template Store<2>(base + 16 * stride, stride);
+  if constexpr (kR > 1 && kC > 1) Tiles::template Store<3>(base + 16 * stride + 64, stride);
+}
+// C[i][j] += A (tile 4 + i) B (tile 6 + j), back to back.
+template <class Tiles, int kR, int kC>
+RPA_AMX_INLINE void DpC() {
+  Tiles::template Dp<0, 4, 6>();
+  if constexpr (kC > 1) Tiles::template Dp<1, 4, 7>();
+  if constexpr (kR > 1) Tiles::template Dp<2, 5, 6>();
+  if constexpr (kR > 1 && kC > 1) Tiles::template Dp<3, 5, 7>();
+}
+
 // ---- S = Q K^T. Tiles: C 0-3 (C[i][j] = tile 2 i + j), A 4-5 (q rows
 // r0 + 16 i), B 6-7 (keys j0 + 16 j).
 struct LogitsGeom {
@@ -257,15 +289,19 @@ struct LogitsGeom {
   int64_t chunks;         // dim_pad / 32.
   uint8_t* s;             // [rows16][s_stride] f32.
   int64_t s_stride;       // Bytes.
+  bool accumulate;
 };
 
-// A block of kR x 16 rows and kC x 16 keys, summed over every 32-dim chunk.
+// A block of kR x 16 rows and kC x 16 keys, summed over every 32-dim chunk
+// (added to s's values where accumulate).
 template <class Tiles, int kR, int kC>
 RPA_AMX_GLUE RPA_AMX_INLINE void LogitsBlock(const LogitsGeom& g, int64_t r0, int64_t j0) {
-  Tiles::template Zero<0>();
-  if constexpr (kC > 1) Tiles::template Zero<1>();
-  if constexpr (kR > 1) Tiles::template Zero<2>();
-  if constexpr (kR > 1 && kC > 1) Tiles::template Zero<3>();
+  uint8_t* s = g.s + r0 * g.s_stride + 4 * j0;
+  if (g.accumulate) {
+    LoadC<Tiles, kR, kC>(s, g.s_stride);
+  } else {
+    ZeroC<Tiles, kR, kC>();
+  }
   const uint8_t* q = g.q + r0 * g.q_stride;
   const uint8_t* kp = g.kp + 4 * j0;  // Key j0 of pair row 0.
   for (int64_t c = 0; c < g.chunks; ++c) {
@@ -274,16 +310,9 @@ RPA_AMX_GLUE RPA_AMX_INLINE void LogitsBlock(const LogitsGeom& g, int64_t r0, in
     Tiles::template Load<6>(b, g.kp_stride);
     if constexpr (kC > 1) Tiles::template Load<7>(b + 64, g.kp_stride);
     if constexpr (kR > 1) Tiles::template Load<5>(q + 16 * g.q_stride + 64 * c, g.q_stride);
-    Tiles::template Dp<0, 4, 6>();
-    if constexpr (kC > 1) Tiles::template Dp<1, 4, 7>();
-    if constexpr (kR > 1) Tiles::template Dp<2, 5, 6>();
-    if constexpr (kR > 1 && kC > 1) Tiles::template Dp<3, 5, 7>();
+    DpC<Tiles, kR, kC>();
   }
-  uint8_t* s = g.s + r0 * g.s_stride + 4 * j0;
-  Tiles::template Store<0>(s, g.s_stride);
-  if constexpr (kC > 1) Tiles::template Store<1>(s + 64, g.s_stride);
-  if constexpr (kR > 1) Tiles::template Store<2>(s + 16 * g.s_stride, g.s_stride);
-  if constexpr (kR > 1 && kC > 1) Tiles::template Store<3>(s + 16 * g.s_stride + 64, g.s_stride);
+  StoreC<Tiles, kR, kC>(s, g.s_stride);
 }
 
 // Row blocks of 32 (16 at an odd end) outside, key blocks of 32 (16) inside:
@@ -298,7 +327,8 @@ RPA_AMX_GLUE void LogitsImpl(const AmxLogitsArgs& a) {
                      4 * AmxRoundUp(a.n, kAmxKeyAlign),
                      AmxRoundUp(a.head_dim, kAmxDimAlign) / 32,
                      reinterpret_cast<uint8_t*>(a.s),
-                     4 * a.s_stride};
+                     4 * a.s_stride,
+                     a.accumulate};
   const int64_t row_tiles = AmxRoundUp(a.rows, 16) / 16, key_tiles = AmxRoundUp(a.n, 16) / 16;
   for (int64_t rt = 0; rt < row_tiles; rt += 2) {
     const bool two_rows = rt + 1 < row_tiles;
@@ -335,12 +365,7 @@ struct PvGeom {
 template <class Tiles, int kR, int kC>
 RPA_AMX_GLUE RPA_AMX_INLINE void PvBlock(const PvGeom& g, int64_t r0, int64_t d0) {
   uint8_t* acc = g.acc + r0 * g.acc_stride + 4 * d0;
-  Tiles::template Load<0>(acc, g.acc_stride);
-  if constexpr (kC > 1) Tiles::template Load<1>(acc + 64, g.acc_stride);
-  if constexpr (kR > 1) Tiles::template Load<2>(acc + 16 * g.acc_stride, g.acc_stride);
-  if constexpr (kR > 1 && kC > 1) {
-    Tiles::template Load<3>(acc + 16 * g.acc_stride + 64, g.acc_stride);
-  }
+  LoadC<Tiles, kR, kC>(acc, g.acc_stride);
   const uint8_t* pb = g.pb + r0 * g.pb_stride;
   const uint8_t* vp = g.vp + 4 * d0;
   for (int64_t c = 0; c < g.chunks; ++c) {
@@ -349,17 +374,9 @@ RPA_AMX_GLUE RPA_AMX_INLINE void PvBlock(const PvGeom& g, int64_t r0, int64_t d0
     Tiles::template Load<6>(b, g.vp_stride);
     if constexpr (kC > 1) Tiles::template Load<7>(b + 64, g.vp_stride);
     if constexpr (kR > 1) Tiles::template Load<5>(pb + 16 * g.pb_stride + 64 * c, g.pb_stride);
-    Tiles::template Dp<0, 4, 6>();
-    if constexpr (kC > 1) Tiles::template Dp<1, 4, 7>();
-    if constexpr (kR > 1) Tiles::template Dp<2, 5, 6>();
-    if constexpr (kR > 1 && kC > 1) Tiles::template Dp<3, 5, 7>();
+    DpC<Tiles, kR, kC>();
   }
-  Tiles::template Store<0>(acc, g.acc_stride);
-  if constexpr (kC > 1) Tiles::template Store<1>(acc + 64, g.acc_stride);
-  if constexpr (kR > 1) Tiles::template Store<2>(acc + 16 * g.acc_stride, g.acc_stride);
-  if constexpr (kR > 1 && kC > 1) {
-    Tiles::template Store<3>(acc + 16 * g.acc_stride + 64, g.acc_stride);
-  }
+  StoreC<Tiles, kR, kC>(acc, g.acc_stride);
 }
 
 RPA_AMX_GLUE RPA_AMX_INLINE __mmask16 Mask16(int64_t count) {
@@ -636,26 +653,16 @@ struct DecodeGeom {
 template <class Tiles, int kR, int kC>
 RPA_AMX_GLUE RPA_AMX_INLINE void DecodeBlock(const DecodeGeom& g, const uint8_t* const* a,
                                              const int64_t* a_stride, int64_t i0) {
-  Tiles::template Zero<0>();
-  if constexpr (kC > 1) Tiles::template Zero<1>();
-  if constexpr (kR > 1) Tiles::template Zero<2>();
-  if constexpr (kR > 1 && kC > 1) Tiles::template Zero<3>();
+  ZeroC<Tiles, kR, kC>();
   for (int64_t c = 0; c < g.chunks; ++c) {
     const uint8_t* b = g.qt + 16 * c * g.qt_stride;
     Tiles::template Load<4>(a[0] + 64 * c, a_stride[0]);
     Tiles::template Load<6>(b, g.qt_stride);
     if constexpr (kC > 1) Tiles::template Load<7>(b + 64, g.qt_stride);
     if constexpr (kR > 1) Tiles::template Load<5>(a[1] + 64 * c, a_stride[1]);
-    Tiles::template Dp<0, 4, 6>();
-    if constexpr (kC > 1) Tiles::template Dp<1, 4, 7>();
-    if constexpr (kR > 1) Tiles::template Dp<2, 5, 6>();
-    if constexpr (kR > 1 && kC > 1) Tiles::template Dp<3, 5, 7>();
+    DpC<Tiles, kR, kC>();
   }
-  uint8_t* st = g.st + i0 * g.st_stride;
-  Tiles::template Store<0>(st, g.st_stride);
-  if constexpr (kC > 1) Tiles::template Store<1>(st + 64, g.st_stride);
-  if constexpr (kR > 1) Tiles::template Store<2>(st + 16 * g.st_stride, g.st_stride);
-  if constexpr (kR > 1 && kC > 1) Tiles::template Store<3>(st + 16 * g.st_stride + 64, g.st_stride);
+  StoreC<Tiles, kR, kC>(g.st + i0 * g.st_stride, g.st_stride);
 }
 
 // Where the A tile of keys [i0, i0 + 16) comes from: the cache rows
