@@ -227,7 +227,9 @@ struct EmuTiles {
     State& s = S();
     const TileConfig& c = s.config;
     const int m_rows = c.rows[kC], pairs = c.colsb[kA] / 4, cols = c.colsb[kC] / 4;
-    if (!s.configured || m_rows == 0 || pairs == 0 || cols == 0 || c.rows[kA] != m_rows || c.rows[kB] != pairs || c.colsb[kB] != c.colsb[kC]) {
+    const bool fits = s.configured && m_rows > 0 && pairs > 0 && cols > 0 &&
+                      c.rows[kA] == m_rows && c.rows[kB] == pairs && c.colsb[kB] == c.colsb[kC];
+    if (!fits) {
       Fail("tdpbf16ps operands do not fit the configuration");
     }
     for (int m = 0; m < m_rows; ++m) {
