@@ -172,6 +172,8 @@ void AmxPvBf16(const AmxPvBf16Args& args, AmxBackend backend = AmxBackend::kHard
 // 8-bit K) are converted into scratch first. The B operand is Q^T, packed
 // once per task by AmxPackQt. Uses its own tile configuration per g (one
 // ldtilecfg when a thread switches between decode and AmxLogits/AmxPv).
+// Not yet timed on an AMX CPU: dispatch to it once rpa_amx_bench's
+// BM_DecodeLogits shows it beating WideLogits there.
 // Q^T: [RoundUp(head_dim, 32) / 2][g][2] bf16.
 inline int64_t AmxPackedQtElems(int64_t g, int64_t head_dim) {
   return AmxRoundUp(head_dim, kAmxDimAlign) * g;
