@@ -3,7 +3,21 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernel/amx.h"
+
 namespace rpa::internal {
+namespace {
+
+// A thread that ran AMX tiles gives their state back before it sleeps (a
+// pool worker) or returns to the caller's code, so idle threads carry no
+// 8 KiB tile state and the next call reloads the configuration.
+void ReleaseThreadTileState() {
+#if defined(__x86_64__)
+  AmxReleaseTiles();
+#endif
+}
+
+}  // namespace
 
 ThreadPool::~ThreadPool() {
   {
@@ -41,6 +55,7 @@ void ThreadPool::WorkerLoop(int worker) {
       seen = generation_;
     }
     RunTasks(worker);
+    ReleaseThreadTileState();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (--pending_ == 0) done_cv_.notify_one();
@@ -53,6 +68,7 @@ void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, Ta
   if (num_workers > num_tasks) num_workers = static_cast<int>(num_tasks);
   if (num_workers <= 1) {
     for (int64_t task = 0; task < num_tasks; ++task) fn(context, task, 0);
+    ReleaseThreadTileState();
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
@@ -69,6 +85,7 @@ void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, Ta
   }
   start_cv_.notify_all();
   RunTasks(0);
+  ReleaseThreadTileState();
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   context_ = nullptr;

@@ -10,8 +10,10 @@
 #if defined(__x86_64__)
 // GCC 12's _mm512_undefined_* are written `__m512 __Y = __Y;`, which
 // -Wuninitialized flags wherever they inline (GCC bug 105593).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,8 +1,12 @@
 #include "kernel/dispatch.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "kernel/kernel.h"
 
 #if defined(__x86_64__)
+#include "kernel/amx_prefill.h"
 #include "kernel/avx512_fp16_decode.h"
 #include "kernel/avx512_wide.h"
 #endif
@@ -26,6 +30,14 @@ std::string TaskKernels::Describe() const {
   return s + (products != nullptr ? products->name : "none");
 }
 
+bool AmxOptedIn() {
+  static const bool opted_in = [] {
+    const char* v = std::getenv("RPA_AMX");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return opted_in;
+}
+
 KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& cpu) {
   const HighwayKernels highway = HighwayKernelsForCpu();
   KernelChoice choice;
@@ -45,6 +57,13 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
       decode.fused[i] = &kAvx512WideDecode;
     }
   }
+  // AMX takes bf16 exactly: bf16 q, and K/V whose every value is a bf16.
+  const bool amx_exact = problem.q_dtype == DType::kBF16 && (kv == DType::kBF16 || fp8 ||
+                                                             kv == DType::kI8);
+  if (cpu.amx_bf16 && amx_exact && (cpu.amx_emulated || AmxOptedIn())) {
+    choice.classes[static_cast<int>(TaskClass::kPrefill)].products =
+        cpu.amx_emulated ? &kAmxPrefillEmulated : &kAmxPrefill;
+  }
 #else
   (void)problem;
   (void)cpu;
@@ -55,11 +74,16 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
 std::string DescribeDispatch(DType kv_dtype) {
   const CpuFeatures cpu = UsableCpuFeatures();
   AttentionProblem problem;
+  problem.q_dtype = DType::kBF16;
   problem.kv_dtype = kv_dtype;
   const KernelChoice plain = ChooseKernels(problem, cpu);
   problem.soft_cap = 30.0f;
   const KernelChoice capped = ChooseKernels(problem, cpu);
-  std::string s = "cpu features: " + cpu.ToString() + "\n";
+  std::string s = "cpu features: " + cpu.ToString() + "; amx: " + AmxDetection() +
+                  (cpu.amx_bf16 && !cpu.amx_emulated && !AmxOptedIn()
+                       ? " (not dispatched: set RPA_AMX=1, not yet measured on AMX hardware)"
+                       : "") +
+                  "\n";
   for (int c = 0; c < kNumTaskClasses; ++c) {
     const std::string a = plain.classes[c].Describe(), b = capped.classes[c].Describe();
     s += std::string("  ") + ToString(static_cast<TaskClass>(c)) + ": " + a;
