@@ -816,6 +816,28 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   EXPECT_EQ(report(DType::kF8E5M2, decode, true), "decode: avx512_wide");
 }
 
+// The public description names the features, AMX's status and each class's
+// kernels, as dispatch chooses them on this thread.
+TEST(KernelDispatchTest, DescribeKernelsNamesEveryClass) {
+  const std::string all = rpa::DescribeKernels(DType::kBF16);
+  EXPECT_NE(all.find("cpu features: " + DetectedCpuFeatures().ToString()), std::string::npos)
+      << all;
+  EXPECT_NE(all.find("amx: " + AmxDetection()), std::string::npos) << all;
+  for (const char* c : {"decode: ", "middle: ", "prefill: "}) {
+    EXPECT_NE(all.find(c), std::string::npos) << all;
+  }
+  {
+    ScopedCpuFeatureMask portable(kNoCpuFeatures);
+    EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("prefill: highway_packed"),
+              std::string::npos);
+  }
+  if (!DetectedCpuFeatures().avx512bf16) return;
+  ScopedAmxEmulation emulate;
+  EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("prefill: amx_prefill (emulated)"),
+            std::string::npos)
+      << rpa::DescribeKernels(DType::kBF16);
+}
+
 // A feature mask is scoped and per thread: it ends with its scope and never
 // reaches another thread's calls.
 TEST(KernelDispatchTest, FeatureMasksAreScopedAndPerThread) {

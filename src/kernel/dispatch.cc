@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernel/kernel.h"
+#include "rpa/kernels.h"
 
 #if defined(__x86_64__)
 #include "kernel/amx_prefill.h"
@@ -94,3 +95,9 @@ std::string DescribeDispatch(DType kv_dtype) {
 }
 
 }  // namespace rpa::internal
+
+namespace rpa {
+
+std::string DescribeKernels(DType kv_dtype) { return internal::DescribeDispatch(kv_dtype); }
+
+}  // namespace rpa
