@@ -26,6 +26,7 @@
 
 #include "commands.h"
 #include "compute.h"
+#include "kernel/cpu_features.h"
 #include "rpa/rpa.h"
 #include "testing/machine.h"
 #include "testing/synthetic_batch.h"
@@ -181,6 +182,9 @@ struct Result {
   bool all_threads = false;
   DType kv_dtype = DType::kBF16;
   std::string path;
+  // The same workload with AMX hidden from dispatch (the best path without
+  // it), where the call ran an AMX kernel; 0: it did not.
+  double no_amx_ms = 0;
 };
 
 // Roofline, bound and frac_of_limit of r against `limits`.
@@ -298,6 +302,13 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
             batch.Q(), kv_view,
             PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}),
         options, batch.OutView(out)));
+    if (r.path.find("amx") != std::string::npos) {
+      internal::CpuFeatures no_amx = internal::kAllCpuFeatures;
+      no_amx.amx_bf16 = false;
+      const internal::ScopedCpuFeatureMask hide_amx(no_amx);
+      call();  // Warm up the other path's scratch.
+      r.no_amx_ms = time_calls(call) * 1e3;
+    }
     results.push_back(r);
   }
   Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +
@@ -320,12 +331,14 @@ void PrintJson(const MachineLimits& limits, int threads, const std::vector<Resul
               "\"fma_f32_gflops_1_thread\": %.1f, \"fma_f32_gflops_all_threads\": %.1f, "
               "\"bf16_dot_gflops_1_thread\": %.1f, \"bf16_dot_gflops_all_threads\": %.1f, "
               "\"fma_f16_gflops_1_thread\": %.1f, \"fma_f16_gflops_all_threads\": %.1f, "
-              "\"avx512_bf16\": %s, \"avx512_fp16\": %s},\n \"workloads\": [",
+              "\"amx_bf16_gflops_1_thread\": %.1f, \"amx_bf16_gflops_all_threads\": %.1f, "
+              "\"avx512_bf16\": %s, \"avx512_fp16\": %s, \"amx\": \"%s\"},\n \"workloads\": [",
               threads, static_cast<long long>(limits.llc_bytes), limits.read_gbs[0],
               limits.read_gbs[1], limits.fma_f32_gflops[0], limits.fma_f32_gflops[1],
               limits.bf16_dot_gflops[0], limits.bf16_dot_gflops[1], limits.fma_f16_gflops[0],
-              limits.fma_f16_gflops[1], limits.avx512_bf16 ? "true" : "false",
-              limits.avx512_fp16 ? "true" : "false");
+              limits.fma_f16_gflops[1], limits.amx_bf16_gflops[0], limits.amx_bf16_gflops[1],
+              limits.avx512_bf16 ? "true" : "false", limits.avx512_fp16 ? "true" : "false",
+              internal::AmxDetection().c_str());
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     std::printf("%s\n  {\"name\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"frac_of_limit\": %.3f, "
@@ -337,6 +350,13 @@ void PrintJson(const MachineLimits& limits, int threads, const std::vector<Resul
                 r.tokens_per_s, r.gbs, r.gflops, r.roofline_ms, r.bound, r.naive_ms,
                 r.naive_sample, r.kv_bytes, r.flops, r.copies, r.reps, r.path.c_str());
     if (r.hot_ms > 0) std::printf(", \"hot_ms\": %.4f", r.hot_ms);
+    // null where the call ran no AMX kernel ("machine"."amx" says why).
+    if (r.no_amx_ms > 0) {
+      std::printf(", \"no_amx_ms\": %.4f, \"speedup_vs_no_amx\": %.2f", r.no_amx_ms,
+                  r.no_amx_ms / r.ms);
+    } else {
+      std::printf(", \"speedup_vs_no_amx\": null");
+    }
     std::printf("}");
   }
   std::printf("\n]}\n");
@@ -355,6 +375,12 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
   if (limits.fma_f16_gflops[0] > 0) {
     std::printf("  f16 FMA peak     %7.1f GFLOP/s          %7.1f GFLOP/s\n",
                 limits.fma_f16_gflops[0], limits.fma_f16_gflops[1]);
+  }
+  if (limits.amx_bf16_gflops[0] > 0) {
+    std::printf("  AMX bf16 peak    %7.1f GFLOP/s          %7.1f GFLOP/s\n",
+                limits.amx_bf16_gflops[0], limits.amx_bf16_gflops[1]);
+  } else {
+    std::printf("  AMX: %s\n", internal::AmxDetection().c_str());
   }
   std::printf("  (measured before and after the workloads, %.1f s in all; each figure the higher\n"
               "   of the two, each of those the best of several repetitions)\n",
