@@ -14,6 +14,7 @@
 // layouts are tested on CPUs without AMX.
 #include "kernel/amx.h"
 
+#include "kernel/avx512_common.h"
 #include "kernel/cpu_features.h"
 
 #if defined(__x86_64__)
@@ -261,6 +262,31 @@ RPA_AMX_GLUE RPA_AMX_INLINE void LogitsBlock(const LogitsGeom& g, int64_t r0, in
   StoreC<Tiles, kR, kC>(s, g.s_stride);
 }
 
+// Calls block.template operator()<kR, kC>(16 * row_tile, 16 * column_tile)
+// over row_tiles x col_tiles 16 x 16 tiles in blocks of 2 x 2 (kR, kC = 1
+// at an odd end), rows outside: what both products walk.
+template <class Block>
+RPA_AMX_GLUE RPA_AMX_INLINE void ForEachTileBlock(int64_t row_tiles, int64_t col_tiles, const Block& block) {
+  for (int64_t rt = 0; rt < row_tiles; rt += 2) {
+    const bool two_rows = rt + 1 < row_tiles;
+    int64_t ct = 0;
+    for (; ct + 1 < col_tiles; ct += 2) {
+      if (two_rows) {
+        block.template operator()<2, 2>(16 * rt, 16 * ct);
+      } else {
+        block.template operator()<1, 2>(16 * rt, 16 * ct);
+      }
+    }
+    if (ct < col_tiles) {
+      if (two_rows) {
+        block.template operator()<2, 1>(16 * rt, 16 * ct);
+      } else {
+        block.template operator()<1, 1>(16 * rt, 16 * ct);
+      }
+    }
+  }
+}
+
 // Row blocks of 32 (16 at an odd end) outside, key blocks of 32 (16) inside:
 // a row block's q (8 KiB at head_dim 128) stays in L1 while K streams from L2.
 template <class Tiles>
@@ -275,25 +301,10 @@ RPA_AMX_GLUE void LogitsImpl(const AmxLogitsArgs& a) {
                      reinterpret_cast<uint8_t*>(a.s),
                      4 * a.s_stride,
                      a.accumulate};
-  const int64_t row_tiles = AmxRoundUp(a.rows, 16) / 16, key_tiles = AmxRoundUp(a.n, 16) / 16;
-  for (int64_t rt = 0; rt < row_tiles; rt += 2) {
-    const bool two_rows = rt + 1 < row_tiles;
-    int64_t kt = 0;
-    for (; kt + 1 < key_tiles; kt += 2) {
-      if (two_rows) {
-        LogitsBlock<Tiles, 2, 2>(g, 16 * rt, 16 * kt);
-      } else {
-        LogitsBlock<Tiles, 1, 2>(g, 16 * rt, 16 * kt);
-      }
-    }
-    if (kt < key_tiles) {
-      if (two_rows) {
-        LogitsBlock<Tiles, 2, 1>(g, 16 * rt, 16 * kt);
-      } else {
-        LogitsBlock<Tiles, 1, 1>(g, 16 * rt, 16 * kt);
-      }
-    }
-  }
+  ForEachTileBlock(AmxRoundUp(a.rows, 16) / 16, AmxRoundUp(a.n, 16) / 16,
+                   [&]<int kR, int kC>(int64_t r0, int64_t c0) RPA_AMX_GLUE {
+                     LogitsBlock<Tiles, kR, kC>(g, r0, c0);
+                   });
 }
 
 // ---- O += P V. Tiles: C 0-3 (acc rows r0 + 16 i, dims d0 + 16 j), A 4-5
@@ -375,69 +386,24 @@ RPA_AMX_GLUE void PvImpl(const AmxPvBf16Args& a) {
                  n32 / 32,
                  reinterpret_cast<uint8_t*>(a.acc),
                  4 * a.acc_stride};
-  const int64_t row_tiles = AmxRoundUp(a.rows, 16) / 16;
-  const int64_t dim_tiles = AmxRoundUp(a.head_dim, 16) / 16;
-  for (int64_t rt = 0; rt < row_tiles; rt += 2) {
-    const bool two_rows = rt + 1 < row_tiles;
-    int64_t dt = 0;
-    for (; dt + 1 < dim_tiles; dt += 2) {
-      if (two_rows) {
-        PvBlock<Tiles, 2, 2>(g, 16 * rt, 16 * dt);
-      } else {
-        PvBlock<Tiles, 1, 2>(g, 16 * rt, 16 * dt);
-      }
-    }
-    if (dt < dim_tiles) {
-      if (two_rows) {
-        PvBlock<Tiles, 2, 1>(g, 16 * rt, 16 * dt);
-      } else {
-        PvBlock<Tiles, 1, 1>(g, 16 * rt, 16 * dt);
-      }
-    }
-  }
+  ForEachTileBlock(AmxRoundUp(a.rows, 16) / 16, AmxRoundUp(a.head_dim, 16) / 16,
+                   [&]<int kR, int kC>(int64_t r0, int64_t c0) RPA_AMX_GLUE {
+                     PvBlock<Tiles, kR, kC>(g, r0, c0);
+                   });
 }
 
 // ---- Packs: K/V row chunks converted to bf16 in registers.
-
-// The bf16 of each fp8 magnitude code (0-127), exact (NaN stays NaN); the
-// sign bit is or-ed back.
-struct Fp8Lut {
-  alignas(64) uint16_t bits[128];
-};
-
-Fp8Lut MakeFp8Lut(DType dtype) {
-  Fp8Lut t;
-  for (int code = 0; code < 128; ++code) {
-    const uint8_t byte = static_cast<uint8_t>(code);
-    t.bits[code] = BF16FromF32(LoadAsF32(dtype, &byte, 0)).bits;
-  }
-  return t;
-}
-
-const Fp8Lut& Fp8LutOf(DType dtype) {
-  static const Fp8Lut e4m3 = MakeFp8Lut(DType::kF8E4M3FN);
-  static const Fp8Lut e5m2 = MakeFp8Lut(DType::kF8E5M2);
-  return dtype == DType::kF8E5M2 ? e5m2 : e4m3;
-}
 
 // Reads one K/V row's elements [d0, d0 + 32) as 32 bf16 (zero past
 // head_dim; masked loads read nothing past it).
 template <DType kDtype>
 struct RowReader {
-  __m512i t0, t1, t2, t3;  // fp8: the Fp8Lut in four registers.
+  avx512::Fp8Lut lut;  // fp8: the exact table (e4m3fn at its true value) in registers.
   int64_t head_dim;
 
-  RPA_AMX_GLUE explicit RowReader(int64_t dim) : head_dim(dim) {
-    if constexpr (kDtype == DType::kF8E4M3FN || kDtype == DType::kF8E5M2) {
-      const Fp8Lut& lut = Fp8LutOf(kDtype);
-      t0 = _mm512_load_si512(lut.bits);
-      t1 = _mm512_load_si512(lut.bits + 32);
-      t2 = _mm512_load_si512(lut.bits + 64);
-      t3 = _mm512_load_si512(lut.bits + 96);
-    } else {
-      t0 = t1 = t2 = t3 = _mm512_setzero_si512();
-    }
-  }
+  RPA_AMX_GLUE explicit RowReader(int64_t dim)
+      : lut(avx512::LoadLut(avx512::Fp8TableOf(kDtype, /*e4m3_scaled=*/false))),
+        head_dim(dim) {}
 
   RPA_AMX_GLUE RPA_AMX_INLINE __m512i operator()(const void* row, int64_t d0) const {
     const __mmask32 mask = Mask32(head_dim - d0);
@@ -450,14 +416,7 @@ struct RowReader {
       return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // Exact: |x| <= 128.
     } else {
       const uint8_t* src = static_cast<const uint8_t*>(row) + d0;
-      const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src));
-      // permutex2var reads index bits [5:0]; bit 6 picks the table half.
-      const __m512i lo = _mm512_permutex2var_epi16(t0, x, t1);
-      const __m512i hi = _mm512_permutex2var_epi16(t2, x, t3);
-      const __m512i mag =
-          _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
-      const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
-      return _mm512_or_si512(mag, sign);
+      return avx512::Fp8ToBf16(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src)), lut);
     }
   }
 };
