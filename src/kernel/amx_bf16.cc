@@ -266,7 +266,8 @@ RPA_AMX_GLUE RPA_AMX_INLINE void LogitsBlock(const LogitsGeom& g, int64_t r0, in
 // over row_tiles x col_tiles 16 x 16 tiles in blocks of 2 x 2 (kR, kC = 1
 // at an odd end), rows outside: what both products walk.
 template <class Block>
-RPA_AMX_GLUE RPA_AMX_INLINE void ForEachTileBlock(int64_t row_tiles, int64_t col_tiles, const Block& block) {
+RPA_AMX_GLUE RPA_AMX_INLINE void ForEachTileBlock(int64_t row_tiles, int64_t col_tiles,
+                                                const Block& block) {
   for (int64_t rt = 0; rt < row_tiles; rt += 2) {
     const bool two_rows = rt + 1 < row_tiles;
     int64_t ct = 0;
