@@ -226,6 +226,31 @@ RPA_AMX_INLINE void DpC() {
   if constexpr (kR > 1 && kC > 1) Tiles::template Dp<3, 5, 7>();
 }
 
+// The operands of a product over `chunks` steps: A's rows (16 per tile, 64
+// bytes = 32 bf16 of step c at a + 64 c), B's pair rows (16 per step, step c
+// at b + 16 c b_stride: 2 x 16 columns side by side, 64 bytes each).
+struct ChunkedOperands {
+  const uint8_t* a;
+  int64_t a_stride;  // Bytes between A rows.
+  const uint8_t* b;
+  int64_t b_stride;  // Bytes between B pair rows.
+  int64_t chunks;
+};
+
+// C[i][j] += sum over the steps of A (tile 4 + i) B (tile 6 + j): both
+// products' inner loop.
+template <class Tiles, int kR, int kC>
+RPA_AMX_GLUE RPA_AMX_INLINE void AccumulateChunks(const ChunkedOperands& o) {
+  for (int64_t c = 0; c < o.chunks; ++c) {
+    const uint8_t* b = o.b + 16 * c * o.b_stride;
+    Tiles::template Load<4>(o.a + 64 * c, o.a_stride);
+    Tiles::template Load<6>(b, o.b_stride);
+    if constexpr (kC > 1) Tiles::template Load<7>(b + 64, o.b_stride);
+    if constexpr (kR > 1) Tiles::template Load<5>(o.a + 16 * o.a_stride + 64 * c, o.a_stride);
+    DpC<Tiles, kR, kC>();
+  }
+}
+
 // ---- S = Q K^T. Tiles: C 0-3 (C[i][j] = tile 2 i + j), A 4-5 (q rows
 // r0 + 16 i), B 6-7 (keys j0 + 16 j).
 struct LogitsGeom {
@@ -251,14 +276,7 @@ RPA_AMX_GLUE RPA_AMX_INLINE void LogitsBlock(const LogitsGeom& g, int64_t r0, in
   }
   const uint8_t* q = g.q + r0 * g.q_stride;
   const uint8_t* kp = g.kp + 4 * j0;  // Key j0 of pair row 0.
-  for (int64_t c = 0; c < g.chunks; ++c) {
-    const uint8_t* b = kp + 16 * c * g.kp_stride;  // Pair rows 16 c .. 16 c + 15.
-    Tiles::template Load<4>(q + 64 * c, g.q_stride);
-    Tiles::template Load<6>(b, g.kp_stride);
-    if constexpr (kC > 1) Tiles::template Load<7>(b + 64, g.kp_stride);
-    if constexpr (kR > 1) Tiles::template Load<5>(q + 16 * g.q_stride + 64 * c, g.q_stride);
-    DpC<Tiles, kR, kC>();
-  }
+  AccumulateChunks<Tiles, kR, kC>({q, g.q_stride, kp, g.kp_stride, g.chunks});  // Pairs: dims.
   StoreC<Tiles, kR, kC>(s, g.s_stride);
 }
 
@@ -326,14 +344,7 @@ RPA_AMX_GLUE RPA_AMX_INLINE void PvBlock(const PvGeom& g, int64_t r0, int64_t d0
   LoadC<Tiles, kR, kC>(acc, g.acc_stride);
   const uint8_t* pb = g.pb + r0 * g.pb_stride;
   const uint8_t* vp = g.vp + 4 * d0;
-  for (int64_t c = 0; c < g.chunks; ++c) {
-    const uint8_t* b = vp + 16 * c * g.vp_stride;  // Key pairs 16 c .. 16 c + 15.
-    Tiles::template Load<4>(pb + 64 * c, g.pb_stride);
-    Tiles::template Load<6>(b, g.vp_stride);
-    if constexpr (kC > 1) Tiles::template Load<7>(b + 64, g.vp_stride);
-    if constexpr (kR > 1) Tiles::template Load<5>(pb + 16 * g.pb_stride + 64 * c, g.pb_stride);
-    DpC<Tiles, kR, kC>();
-  }
+  AccumulateChunks<Tiles, kR, kC>({pb, g.pb_stride, vp, g.vp_stride, g.chunks});  // Pairs: keys.
   StoreC<Tiles, kR, kC>(acc, g.acc_stride);
 }
 
