@@ -16,6 +16,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -30,6 +31,14 @@ namespace {
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point& t) {
+  const Clock::time_point now = Clock::now();
+  const double s = std::chrono::duration<double>(now - t).count();
+  t = now;
+  return s;
+}
 
 std::string IsaName(dnnl::cpu_isa isa) {
   switch (static_cast<dnnl_cpu_isa_t>(isa)) {
@@ -139,6 +148,7 @@ struct OnednnPeer::Impl {
   std::vector<Shape> shapes;
   std::vector<int> seq_shape;  // Index into shapes per sequence.
   std::string impl;
+  OnednnPeerPhases phases;
 
   Impl(const SyntheticBatch& b, int t, double sm_scale)
       : batch(b),
@@ -215,6 +225,7 @@ struct OnednnPeer::Impl {
 
   void Run(const uint8_t* kv_pages, uint8_t* out_bytes) {
     omp_set_num_threads(threads);
+    Clock::time_point clock = Clock::now();
     const int nt = threads;
     const int64_t page_size = batch.spec.page_size;
     const int64_t pages_per_seq = batch.pages_per_seq;
@@ -228,6 +239,7 @@ struct OnednnPeer::Impl {
     // Rows no sequence owns are zeros, as rpa writes them.
     std::memset(out, 0, static_cast<size_t>(first * H * D) * 2);
     std::memset(out + last * H * D, 0, static_cast<size_t>((batch.num_tokens - last) * H * D) * 2);
+    phases.write_s += Since(clock);
     for (int32_t seq = 0; seq < num_seqs; ++seq) {
       Shape& shape = shapes[static_cast<size_t>(seq_shape[static_cast<size_t>(seq)])];
       const int64_t q_len = shape.q_len, kv_len = shape.kv_len;
@@ -254,11 +266,13 @@ struct OnednnPeer::Impl {
                         row_bytes);
           }
         }
+        phases.gather_s += Since(clock);
         // 2. S = Q K^T.
         shape.qk.execute(stream, {{DNNL_ARG_SRC, shape.q},
                                   {DNNL_ARG_WEIGHTS, shape.k},
                                   {DNNL_ARG_DST, shape.s}});
         stream.wait();
+        phases.qk_s += Since(clock);
         // 3. Scale, causal mask, softmax; P in bf16.
         float* s_rows = s->data;
         uint16_t* p_rows = p->data;
@@ -268,11 +282,13 @@ struct OnednnPeer::Impl {
           const int64_t visible = context + r % q_len + 1;
           SoftmaxRow(s_rows + r * kv_len, p_rows + r * kv_len, visible, kv_len, sc);
         }
+        phases.softmax_s += Since(clock);
         // 4. O = P V.
         shape.pv.execute(stream, {{DNNL_ARG_SRC, shape.p},
                                   {DNNL_ARG_WEIGHTS, shape.v},
                                   {DNNL_ARG_DST, shape.o}});
         stream.wait();
+        phases.pv_s += Since(clock);
         // 5. O to bf16, into the output's [token, q head, dim] rows.
         const float* o_rows = o->data;
 #pragma omp parallel for num_threads(nt) schedule(static) if (M * D >= 65536)
@@ -280,8 +296,10 @@ struct OnednnPeer::Impl {
           const int64_t g = r / q_len, t = r % q_len;
           RowToBf16(o_rows + r * D, out + ((q0 + t) * H + kh * G + g) * D, D);
         }
+        phases.write_s += Since(clock);
       }
     }
+    ++phases.calls;
   }
 };
 
@@ -290,6 +308,8 @@ OnednnPeer::OnednnPeer(const SyntheticBatch& batch, int threads, double sm_scale
 OnednnPeer::~OnednnPeer() = default;
 void OnednnPeer::Run(const uint8_t* kv_pages, uint8_t* out) { impl_->Run(kv_pages, out); }
 const std::string& OnednnPeer::MatmulImpl() const { return impl_->impl; }
+const OnednnPeerPhases& OnednnPeer::Phases() const { return impl_->phases; }
+void OnednnPeer::ResetPhases() { impl_->phases = OnednnPeerPhases(); }
 
 }  // namespace rpa::testing
 
@@ -314,6 +334,11 @@ const std::string& OnednnPeer::MatmulImpl() const {
   static const std::string none;
   return none;
 }
+const OnednnPeerPhases& OnednnPeer::Phases() const {
+  static const OnednnPeerPhases none;
+  return none;
+}
+void OnednnPeer::ResetPhases() {}
 
 }  // namespace rpa::testing
 

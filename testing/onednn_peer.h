@@ -43,6 +43,16 @@ struct OnednnPeerInfo {
 };
 OnednnPeerInfo GetOnednnPeerInfo();
 
+// Where the peer's time went: seconds summed over `calls` Runs.
+struct OnednnPeerPhases {
+  double gather_s = 0;   // K, V and q rows to dense bf16.
+  double qk_s = 0;       // The QK^T matmuls.
+  double softmax_s = 0;  // Scale, mask, softmax, P to bf16.
+  double pv_s = 0;       // The PV matmuls.
+  double write_s = 0;    // O to bf16 into the output (and the zeroed rows).
+  int64_t calls = 0;
+};
+
 class OnednnPeer {
  public:
   // Creates the primitives for `batch`'s sequences on `threads` threads
@@ -58,6 +68,9 @@ class OnednnPeer {
   // the batch's layout and size (batch.kv_pages or a copy of it), into
   // `out` (bf16, [batch.num_tokens, num_q_heads, head_dim]).
   void Run(const uint8_t* kv_pages, uint8_t* out);
+
+  const OnednnPeerPhases& Phases() const;
+  void ResetPhases();
 
   // oneDNN's implementation of the largest sequence's QK^T matmul, e.g.
   // "brg:avx512_core_amx_bf16".

@@ -18,7 +18,8 @@
 namespace rpa::testing {
 namespace {
 
-// The bench's bar (unit-scale inputs): the peer rounds P to bf16 before PV.
+// The bench's bar (unit-scale inputs; the peer rounds P to bf16 before PV):
+// 2e-2 plus one bf16 ulp of the reference value (ToleranceRatio <= 1).
 constexpr double kPeerTolerance = 2e-2;
 
 struct PeerCase {
@@ -63,7 +64,8 @@ TEST_P(OnednnPeerTest, AgreesWithTheReference) {
     for (int call = 0; call < 2; ++call) {  // Reused primitives give the same result.
       peer.Run(batch.kv_pages.data(), out.data());
       const double err = MaxAbsDifference(batch, out, ref);
-      EXPECT_LE(err, kPeerTolerance) << "threads=" << threads << " call=" << call;
+      EXPECT_LE(ToleranceRatio(batch, out, ref, kPeerTolerance), 1.0)
+          << "threads=" << threads << " call=" << call << " max abs difference " << err;
     }
   }
 }
@@ -77,6 +79,28 @@ INSTANTIATE_TEST_SUITE_P(
         PeerCase{4, 4, 40, 1, {{3, 9}, {1, 1}, {12, 20}}, 0},
         // MQA, pages of 7, a sequence with no new rows.
         PeerCase{8, 1, 128, 7, {{2, 50}, {0, 10}, {17, 17}}, 1}));
+
+// The check has teeth: the peer at twice the scale is far outside the bar.
+TEST(OnednnPeerCheckTest, AWrongScaleFailsTheBar) {
+  if (!GetOnednnPeerInfo().available) GTEST_SKIP() << GetOnednnPeerInfo().reason;
+  BatchSpec spec;
+  spec.num_q_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.sequences = {{9, 40}, {1, 30}};
+  const SyntheticBatch batch = MakeSyntheticBatch(spec);
+  AttentionOptions options;
+  options.sm_scale = 0.125;
+  std::vector<uint8_t> ref = batch.NewOutput();
+  RefRaggedPagedAttention(
+      batch.Q(), batch.KvPages(),
+      PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}, options,
+      batch.OutView(ref));
+  OnednnPeer peer(batch, 1, 2 * options.sm_scale);
+  std::vector<uint8_t> out = batch.NewOutput();
+  peer.Run(batch.kv_pages.data(), out.data());
+  EXPECT_GT(ToleranceRatio(batch, out, ref, kPeerTolerance), 2.0);
+}
 
 TEST(OnednnPeerInfoTest, SaysWhatItIsOrWhyNot) {
   const OnednnPeerInfo info = GetOnednnPeerInfo();
