@@ -148,7 +148,7 @@ struct OnednnPeer::Impl {
   std::vector<Shape> shapes;
   std::vector<int> seq_shape;  // Index into shapes per sequence.
   std::string impl;
-  OnednnPeerPhases phases;
+  std::vector<OnednnPeerPhases> history;
 
   Impl(const SyntheticBatch& b, int t, double sm_scale)
       : batch(b),
@@ -225,6 +225,7 @@ struct OnednnPeer::Impl {
 
   void Run(const uint8_t* kv_pages, uint8_t* out_bytes) {
     omp_set_num_threads(threads);
+    OnednnPeerPhases phases;
     Clock::time_point clock = Clock::now();
     const int nt = threads;
     const int64_t page_size = batch.spec.page_size;
@@ -299,7 +300,7 @@ struct OnednnPeer::Impl {
         phases.write_s += Since(clock);
       }
     }
-    ++phases.calls;
+    history.push_back(phases);
   }
 };
 
@@ -308,8 +309,8 @@ OnednnPeer::OnednnPeer(const SyntheticBatch& batch, int threads, double sm_scale
 OnednnPeer::~OnednnPeer() = default;
 void OnednnPeer::Run(const uint8_t* kv_pages, uint8_t* out) { impl_->Run(kv_pages, out); }
 const std::string& OnednnPeer::MatmulImpl() const { return impl_->impl; }
-const OnednnPeerPhases& OnednnPeer::Phases() const { return impl_->phases; }
-void OnednnPeer::ResetPhases() { impl_->phases = OnednnPeerPhases(); }
+const std::vector<OnednnPeerPhases>& OnednnPeer::Phases() const { return impl_->history; }
+void OnednnPeer::ClearPhases() { impl_->history.clear(); }
 
 }  // namespace rpa::testing
 
@@ -334,11 +335,11 @@ const std::string& OnednnPeer::MatmulImpl() const {
   static const std::string none;
   return none;
 }
-const OnednnPeerPhases& OnednnPeer::Phases() const {
-  static const OnednnPeerPhases none;
+const std::vector<OnednnPeerPhases>& OnednnPeer::Phases() const {
+  static const std::vector<OnednnPeerPhases> none;
   return none;
 }
-void OnednnPeer::ResetPhases() {}
+void OnednnPeer::ClearPhases() {}
 
 }  // namespace rpa::testing
 

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "testing/synthetic_batch.h"
 
@@ -43,14 +44,13 @@ struct OnednnPeerInfo {
 };
 OnednnPeerInfo GetOnednnPeerInfo();
 
-// Where the peer's time went: seconds summed over `calls` Runs.
+// Where one Run's time went, in seconds.
 struct OnednnPeerPhases {
   double gather_s = 0;   // K, V and q rows to dense bf16.
   double qk_s = 0;       // The QK^T matmuls.
   double softmax_s = 0;  // Scale, mask, softmax, P to bf16.
   double pv_s = 0;       // The PV matmuls.
   double write_s = 0;    // O to bf16 into the output (and the zeroed rows).
-  int64_t calls = 0;
 };
 
 class OnednnPeer {
@@ -69,8 +69,9 @@ class OnednnPeer {
   // `out` (bf16, [batch.num_tokens, num_q_heads, head_dim]).
   void Run(const uint8_t* kv_pages, uint8_t* out);
 
-  const OnednnPeerPhases& Phases() const;
-  void ResetPhases();
+  // One entry per Run since the last ClearPhases, in order.
+  const std::vector<OnednnPeerPhases>& Phases() const;
+  void ClearPhases();
 
   // oneDNN's implementation of the largest sequence's QK^T matmul, e.g.
   // "brg:avx512_core_amx_bf16".

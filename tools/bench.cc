@@ -183,7 +183,7 @@ struct Result {
   // workload is one it runs (prefill, mixed); onednn_ms < 0: not built.
   bool onednn_peer = false;
   double onednn_ms = -1, onednn_max_abs_diff = 0, onednn_tolerance_ratio = 0;
-  testing::OnednnPeerPhases onednn_phases;  // Summed over onednn_phases.calls timed calls.
+  testing::OnednnPeerPhases onednn_phases;  // Each phase's median over the timed calls.
   std::string onednn_impl;
   const char* bound = "";
   int copies = 0, reps = 0, naive_sample = 1;
@@ -328,14 +328,23 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
             std::to_string(r.onednn_max_abs_diff) + ", " +
             std::to_string(r.onednn_tolerance_ratio) + "x the bound 2e-2 + 1 bf16 ulp");
       }
-      peer.ResetPhases();
+      peer.ClearPhases();
       int peer_copy = 0;
       r.onednn_ms = time_calls([&] {
                       peer.Run(pages.data + stride * peer_copy, peer_out.data());
                       peer_copy = (peer_copy + 1) % copies;
                     }) * 1e3;
       r.onednn_impl = peer.MatmulImpl();
-      r.onednn_phases = peer.Phases();
+      auto phase_median = [&](double testing::OnednnPeerPhases::*phase) {
+        std::vector<double> v;
+        for (const testing::OnednnPeerPhases& p : peer.Phases()) v.push_back(p.*phase);
+        return Median(v);
+      };
+      r.onednn_phases.gather_s = phase_median(&testing::OnednnPeerPhases::gather_s);
+      r.onednn_phases.qk_s = phase_median(&testing::OnednnPeerPhases::qk_s);
+      r.onednn_phases.softmax_s = phase_median(&testing::OnednnPeerPhases::softmax_s);
+      r.onednn_phases.pv_s = phase_median(&testing::OnednnPeerPhases::pv_s);
+      r.onednn_phases.write_s = phase_median(&testing::OnednnPeerPhases::write_s);
     }
     results.push_back(r);
   }
@@ -386,14 +395,14 @@ void PrintJson(const MachineLimits& limits, int threads, const std::vector<Resul
     if (r.hot_ms > 0) std::printf(", \"hot_ms\": %.4f", r.hot_ms);
     if (r.onednn_peer && r.onednn_ms >= 0) {
       const testing::OnednnPeerPhases& p = r.onednn_phases;
-      const double per_call = 1e3 / static_cast<double>(std::max<int64_t>(p.calls, 1));
+      const double ms = 1e3;
       std::printf(", \"onednn_ms\": %.4f, \"speedup_vs_onednn\": %.2f, "
                   "\"onednn_max_abs_diff\": %.5f, \"onednn_impl\": \"%s\", "
                   "\"onednn_phases_ms\": {\"gather\": %.3f, \"qk\": %.3f, \"softmax\": %.3f, "
                   "\"pv\": %.3f, \"write\": %.3f}",
                   r.onednn_ms, r.onednn_ms / r.ms, r.onednn_max_abs_diff, r.onednn_impl.c_str(),
-                  p.gather_s * per_call, p.qk_s * per_call, p.softmax_s * per_call,
-                  p.pv_s * per_call, p.write_s * per_call);
+                  p.gather_s * ms, p.qk_s * ms, p.softmax_s * ms,
+                  p.pv_s * ms, p.write_s * ms);
     } else if (r.onednn_peer) {
       std::printf(", \"onednn_ms\": null, \"speedup_vs_onednn\": null");
     }
