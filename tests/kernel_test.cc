@@ -288,15 +288,14 @@ TEST(KernelWideTest, RandomGridMatchesReference) {
   CheckGrid(82, 6 * kGridScale, {DType::kF16});
 }
 
-// ---- The AMX prefill kernel on its scalar tile model (AMX tiles or not):
-// the grid with bf16 q (the kernel's only q) and K/V it takes exactly, every
+// ---- The bf16 prefill kernels (avx512_bf16_packed; amx_prefill on its
+// scalar tile model, AMX tiles or not): the grid with bf16 q (their only q)
+// and K/V they take exactly, every
 // query tile of every sequence a prefill task (>= 32 rows per kv head), so
 // the packs, the row padding, the in-place bf16 weights and the softmax
 // between the products all run against the reference.
-TEST(KernelAmxTest, PrefillGridMatchesReference) {
-  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "the tile model needs AVX-512 BF16";
-  ScopedAmxEmulation emulate;
-  std::mt19937_64 rng(83);
+void CheckBf16PrefillGrid(uint64_t seed) {
+  std::mt19937_64 rng(seed);
   for (int i = 0; i < 6 * kGridScale * SoakScale(); ++i) {
     for (DType kv : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}) {
       Case c = RandomCase(rng, kv);
@@ -315,6 +314,20 @@ TEST(KernelAmxTest, PrefillGridMatchesReference) {
       if (::testing::Test::HasFailure()) return;
     }
   }
+}
+
+TEST(KernelAmxTest, PrefillGridMatchesReference) {
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "the tile model needs AVX-512 BF16";
+  ScopedAmxEmulation emulate;
+  CheckBf16PrefillGrid(83);
+}
+
+// The AVX-512 BF16 packed prefill kernel, where dispatch chooses it.
+TEST(KernelBf16PackedTest, PrefillGridMatchesReference) {
+  if (!DetectedCpuFeatures().fast_bf16_dot) {
+    GTEST_SKIP() << "dispatch chooses avx512_bf16_packed only where vdpbf16ps runs at full rate";
+  }
+  CheckBf16PrefillGrid(84);
 }
 
 // Decode batches, where the widening path takes the fused tile
@@ -786,6 +799,14 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   EXPECT_EQ(report(DType::kI8, middle, false), "middle: highway_rows");
   EXPECT_EQ(report(DType::kF16, prefill, false), "prefill: highway_packed");
   EXPECT_EQ(report(DType::kF32, middle, false), "middle: highway_rows");
+  if (DetectedCpuFeatures().fast_bf16_dot) {
+    EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16), "prefill: avx512_bf16_packed");
+    EXPECT_EQ(report(DType::kF8E5M2, prefill, true, DType::kBF16), "prefill: avx512_bf16_packed");
+    CpuFeatures slow_dot = kAllCpuFeatures;
+    slow_dot.fast_bf16_dot = false;
+    ScopedCpuFeatureMask mask(slow_dot);
+    EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16), "prefill: highway_packed");
+  }
   if (DetectedCpuFeatures().avx512bf16) {
     ScopedAmxEmulation emulate;
     EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16),

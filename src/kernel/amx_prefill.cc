@@ -81,23 +81,15 @@ void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
   AmxPvBf16(args, kBackend);
 }
 
-// q row -> kBf16 (exact for bf16 q, the only q dispatch gives this kernel).
-float PrepareBf16(DType /*kv_dtype*/, const float* q, int64_t /*head_dim*/, int64_t dim_pad,
-                  void* out) {
-  uint16_t* dst = static_cast<uint16_t*>(out);
-  for (int64_t d = 0; d < dim_pad; ++d) dst[d] = BF16FromF32(q[d]).bits;
-  return 1.0f;
-}
-
 }  // namespace
 
 const ProductKernel kAmxPrefill = {
-    "amx_prefill",      QueryFormat::kBf16,    PrepareBf16,
+    "amx_prefill",      QueryFormat::kBf16,    PrepareBf16Row,
     AccOrder::kNatural, /*e4m3_scaled=*/false, Logits<AmxBackend::kHardware>,
     Pv<AmxBackend::kHardware>};
 
 const ProductKernel kAmxPrefillEmulated = {
-    "amx_prefill (emulated)", QueryFormat::kBf16,    PrepareBf16,
+    "amx_prefill (emulated)", QueryFormat::kBf16,    PrepareBf16Row,
     AccOrder::kNatural,       /*e4m3_scaled=*/false, Logits<AmxBackend::kEmulated>,
     Pv<AmxBackend::kEmulated>};
 

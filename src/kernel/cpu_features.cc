@@ -66,6 +66,9 @@ CpuFeatures Detect(std::string* amx_reason) {
   f.avx512fp16 = f.avx512bw && ((edx >> 23) & 1);
   __cpuid_count(7, 1, eax, ebx, ecx, edx);
   f.avx512bf16 = f.avx512bw && ((eax >> 5) & 1);
+  unsigned vendor[3] = {0, 0, 0};
+  __cpuid(0, eax, vendor[0], vendor[2], vendor[1]);  // EBX, EDX, ECX spell the vendor.
+  f.fast_bf16_dot = f.avx512bf16 && std::memcmp(vendor, "AuthenticAMD", 12) == 0;
   const std::string amx = AmxFailure(f.avx512bf16);
   f.amx_bf16 = amx.empty();
   *amx_reason = f.amx_bf16 ? "AMX bf16 tiles usable" : amx;
@@ -107,6 +110,7 @@ std::string CpuFeatures::ToString() const {
   add(avx512bw, "avx512bw");
   add(avx512fp16, "avx512fp16");
   add(avx512bf16, "avx512bf16");
+  add(fast_bf16_dot, "fast-bf16-dot");
   add(amx_bf16 && !amx_emulated, "amx-bf16");
   add(amx_emulated, "amx-bf16 (emulated)");
   return s.empty() ? "none" : s;

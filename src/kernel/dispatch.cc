@@ -8,6 +8,7 @@
 
 #if defined(__x86_64__)
 #include "kernel/amx_prefill.h"
+#include "kernel/avx512_bf16_packed.h"
 #include "kernel/avx512_fp16_decode.h"
 #include "kernel/avx512_wide.h"
 #endif
@@ -58,10 +59,14 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
       decode.fused[i] = &kAvx512WideDecode;
     }
   }
-  // AMX takes bf16 exactly: bf16 q, and K/V whose every value is a bf16.
-  const bool amx_exact = problem.q_dtype == DType::kBF16 && (kv == DType::kBF16 || fp8 ||
-                                                             kv == DType::kI8);
-  if (cpu.amx_bf16 && amx_exact && (cpu.amx_emulated || AmxOptedIn())) {
+  // The bf16 products take bf16 exactly: bf16 q, and K/V whose every value
+  // is a bf16.
+  const bool bf16_exact = problem.q_dtype == DType::kBF16 && (kv == DType::kBF16 || fp8 ||
+                                                              kv == DType::kI8);
+  if (cpu.fast_bf16_dot && bf16_exact) {
+    choice.classes[static_cast<int>(TaskClass::kPrefill)].products = &kAvx512Bf16Packed;
+  }
+  if (cpu.amx_bf16 && bf16_exact && (cpu.amx_emulated || AmxOptedIn())) {
     choice.classes[static_cast<int>(TaskClass::kPrefill)].products =
         cpu.amx_emulated ? &kAmxPrefillEmulated : &kAmxPrefill;
   }

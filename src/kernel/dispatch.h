@@ -15,7 +15,9 @@
 //   any                >= 32         highway_packed        highway_packed      highway_packed
 //   f32, int8          <= 31         highway_rows          highway_rows        highway_rows
 //
-// With bf16 q, bf16/fp8/int8 K/V and AMX (CpuFeatures::amx_bf16) opted in
+// With bf16 q and bf16/fp8/int8 K/V, the prefill row is avx512_bf16_packed
+// where vdpbf16ps runs at the FMA's issue rate (CpuFeatures::fast_bf16_dot),
+// and with AMX (CpuFeatures::amx_bf16) opted in
 // by RPA_AMX=1, the prefill row is amx_prefill (not yet measured on AMX
 // hardware: tested on its scalar tile model, ScopedAmxEmulation).
 //

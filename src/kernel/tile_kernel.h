@@ -136,6 +136,15 @@ struct TileScratch {
 using PrepareQueryRow = float (*)(DType kv_dtype, const float* q, int64_t head_dim,
                                   int64_t dim_pad, void* out);
 
+// q row -> kBf16 (round to nearest even; exact for bf16 q, the only q
+// dispatch gives the bf16 kernels).
+inline float PrepareBf16Row(DType /*kv_dtype*/, const float* q, int64_t /*head_dim*/,
+                            int64_t dim_pad, void* out) {
+  uint16_t* dst = static_cast<uint16_t*>(out);
+  for (int64_t d = 0; d < dim_pad; ++d) dst[d] = BF16FromF32(q[d]).bits;
+  return 1.0f;
+}
+
 // The unfused products of one kernel. A kernel whose e4m3_scaled is set
 // reads e4m3fn values as value * 2^-8 (kE4M3Rescale), which the task loop
 // undoes in the logit and output scales.
