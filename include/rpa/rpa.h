@@ -12,6 +12,7 @@
 #include "rpa/page_table.h"
 #include "rpa/reference.h"
 #include "rpa/tensor.h"
+#include "rpa/threads.h"
 #include "rpa/validate.h"
 
 #endif  // RPA_RPA_H_
