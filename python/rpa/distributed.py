@@ -309,7 +309,7 @@ def _local_calls(shard: ContextShard, sliding_window):
   return calls
 
 
-def _check_shard(shard, q_rows, page_size):
+def _check_shard(shard, q_rows, page_size, total_num_pages=None):
   """Local consistency of a shard (split_pages' invariants), as rpa.Error."""
   if not isinstance(shard, ContextShard):
     raise _error("metadata", f"shard={type(shard).__name__} must be a ContextShard. Build one "
@@ -357,6 +357,14 @@ def _check_shard(shard, q_rows, page_size):
                    f"keys in page slots {slots.tolist()} of a sequence of {kv_len} keys "
                    f"(page_size={ps}); slots must increase, lie in [0, "
                    f"{_cdiv(kv_len, ps)}) and hold exactly kv_lens[{i}] keys.")
+    if total_num_pages is not None:
+      for c in range(count):
+        page = int(shard.page_indices[i, c])
+        if not 0 <= page < total_num_pages:
+          raise _error("page_index", f"shard.page_indices[{i}, {c}]={page} must be in range "
+                       f"[0, total_num_pages={total_num_pages}) because sequence {i} reads it "
+                       f"(shard.kv_lens[{i}]={local}, page_size={ps}). A rank's shard names "
+                       "pages of its own cache.")
 
 
 def _slot_hash(seq, slots):
@@ -486,16 +494,16 @@ def _crc(*parts):
 
 
 def _cache_dims(kv_pages, kv_layout):
-  """(page_size, num_kv_heads, head_dim, dtype name) of the cache."""
+  """(page_size, num_kv_heads, head_dim, total_num_pages) of the cache."""
   k, v = _api._split_kv(kv_pages, kv_layout)
   shape = tuple(k.shape)
   if len(shape) != 4:
     raise _error("shape", f"kv_pages.shape={shape} must have 4 dimensions.")
   if v is None:
-    return shape[1], shape[2] // 2, shape[3], _api._dtype_name(k.dtype)
+    return shape[1], shape[2] // 2, shape[3], shape[0]
   if kv_layout == "HND":
-    return shape[2], shape[1], shape[3], _api._dtype_name(k.dtype)
-  return shape[1], shape[2], shape[3], _api._dtype_name(k.dtype)
+    return shape[2], shape[1], shape[3], shape[0]
+  return shape[1], shape[2], shape[3], shape[0]
 
 
 def _partial(q, kv_pages, calls, **options):
@@ -510,9 +518,14 @@ def _partial(q, kv_pages, calls, **options):
   q32 = q.detach().to(torch.float32)  # Exact for bfloat16 / float16 q.
   for window, rows, kv_lens, page_indices, cu_q_lens, num_seqs in calls:
     index = torch.from_numpy(rows)
-    o, l = _api.ragged_paged_attention(
-        q32.index_select(0, index), kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
-        sliding_window=window, return_lse=True, **options)
+    try:
+      o, l = _api.ragged_paged_attention(
+          q32.index_select(0, index), kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+          sliding_window=window, return_lse=True, **options)
+    except _api.Error as e:
+      raise _error(getattr(e, "kind", None), f"{e} (In this rank's call over its own keys, "
+                   "whose sequences are pieces of the shard's: rpa.distributed builds its "
+                   "metadata from the shard.)") from e
     out.index_copy_(0, index, o)
     lse.index_copy_(0, index, l)
   return out, lse
@@ -616,6 +629,10 @@ def context_parallel_attention(
   if distributed:
     import torch.distributed as dist
 
+    if not _dist_initialized():
+      raise _error("metadata", f"shard.world_size={world} needs a torch.distributed process "
+                   "group: call torch.distributed.init_process_group (with a timeout) on every "
+                   "rank first.")
     rank, size = dist.get_rank(group), dist.get_world_size(group)
   else:
     rank, size = 0, 1
@@ -634,13 +651,13 @@ def context_parallel_attention(
     q_name = _api._dtype_name(q_t.dtype)
     desc.update(tokens=tokens, num_q_heads=heads, head_dim=head_dim,
                 q_dtype=_DTYPE_CODES.get(q_name, 0))
-    page_size, kv_heads, kv_dim, kv_name = _cache_dims(kv_pages, kv_layout)
+    page_size, kv_heads, kv_dim, total_num_pages = _cache_dims(kv_pages, kv_layout)
     desc.update(page_size=page_size, num_kv_heads=kv_heads, kv_head_dim=kv_dim)
     if world != size or shard.rank != rank:
       raise _error("metadata", f"shard.rank={getattr(shard, 'rank', None)} of "
                    f"shard.world_size={world} must be this process's rank {rank} of the group's "
                    f"{size}. Pass split_pages(..., world_size={size})[{rank}].")
-    _check_shard(shard, tokens, page_size)
+    _check_shard(shard, tokens, page_size, total_num_pages)
     if mask_value is not None and not mask_value <= _MAX_MASK_VALUE:
       raise _error("option", f"mask_value={mask_value!r} must be None or <= -1e4 for context "
                    "parallelism: each rank leaves out keys a row may not see, which equals "
