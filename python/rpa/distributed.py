@@ -96,8 +96,10 @@ class ContextShard:
   layout: str = "interleaved"
 
   def __post_init__(self):
-    # Per-step derived state: the rank's calls for a sliding window, built once
-    # and reused by every layer of the step (see _local_calls).
+    # Per-step derived state, built by the first call and reused by every
+    # layer of the step: the shard's checks and the rank's calls for a sliding
+    # window (see _local_calls). A shard is therefore read-only once used;
+    # the next step gets a new one from split_pages.
     self._calls = {}
 
 
@@ -358,10 +360,11 @@ def _check_shard(shard, q_rows, page_size, total_num_pages=None):
                    f"(page_size={ps}); slots must increase, lie in [0, "
                    f"{_cdiv(kv_len, ps)}) and hold exactly kv_lens[{i}] keys.")
     if total_num_pages is not None:
-      for c in range(count):
-        page = int(shard.page_indices[i, c])
-        if not 0 <= page < total_num_pages:
-          raise _error("page_index", f"shard.page_indices[{i}, {c}]={page} must be in range "
+      pages = shard.page_indices[i, :count]
+      bad = np.flatnonzero((pages < 0) | (pages >= total_num_pages))
+      if bad.size:
+        c, page = int(bad[0]), int(pages[bad[0]])
+        raise _error("page_index", f"shard.page_indices[{i}, {c}]={page} must be in range "
                        f"[0, total_num_pages={total_num_pages}) because sequence {i} reads it "
                        f"(shard.kv_lens[{i}]={local}, page_size={ps}). A rank's shard names "
                        "pages of its own cache.")
@@ -657,7 +660,20 @@ def context_parallel_attention(
       raise _error("metadata", f"shard.rank={getattr(shard, 'rank', None)} of "
                    f"shard.world_size={world} must be this process's rank {rank} of the group's "
                    f"{size}. Pass split_pages(..., world_size={size})[{rank}].")
-    _check_shard(shard, tokens, page_size, total_num_pages)
+    # The shard's own checks and page hashes: once per shard (per step), then
+    # reused by every layer's call, like its calls below.
+    checked = shard._calls.get(("checked", tokens, page_size, total_num_pages))
+    if checked is None:
+      _check_shard(shard, tokens, page_size, total_num_pages)
+      n = int(shard.num_seqs[0])
+      slot_hash = all_hash = 0
+      for i in range(n):
+        count = _cdiv(int(shard.kv_lens[i]), page_size)
+        slot_hash += _slot_hash(i, shard.page_slots[i, :count])
+        all_hash += _slot_hash(i, np.arange(_cdiv(int(shard.seq_kv_lens[i]), page_size)))
+      checked = (slot_hash % (2**61 - 1), all_hash % (2**61 - 1),
+                 _crc(shard.seq_kv_lens[:n], shard.cu_q_lens[:n + 1]))
+      shard._calls[("checked", tokens, page_size, total_num_pages)] = checked
     if mask_value is not None and not mask_value <= _MAX_MASK_VALUE:
       raise _error("option", f"mask_value={mask_value!r} must be None or <= -1e4 for context "
                    "parallelism: each rank leaves out keys a row may not see, which equals "
@@ -676,16 +692,10 @@ def context_parallel_attention(
       if not np.all(np.isfinite(sinks_np) | (sinks_np == -np.inf)):
         raise _error("option", "sinks must not be NaN or +inf.")
     n = int(shard.num_seqs[0])
-    desc.update(num_seqs=n,
-                batch_crc=_crc(shard.seq_kv_lens[:n], shard.cu_q_lens[:n + 1]),
+    desc.update(num_seqs=n, batch_crc=checked[2], slot_hash=checked[0],
+                all_slots_hash=checked[1],
                 options_crc=_crc(float(sm_scale), sliding_window, soft_cap, mask_value,
                                  sinks_np))
-    slot_hash = all_hash = 0
-    for i in range(n):
-      count = _cdiv(int(shard.kv_lens[i]), page_size)
-      slot_hash += _slot_hash(i, shard.page_slots[i, :count])
-      all_hash += _slot_hash(i, np.arange(_cdiv(int(shard.seq_kv_lens[i]), page_size)))
-    desc.update(slot_hash=slot_hash % (2**61 - 1), all_slots_hash=all_hash % (2**61 - 1))
     # With the plan/run API, this is the rank's plan: built once per step from
     # its shard and reused by every layer (the shard caches it meanwhile).
     calls = _local_calls(shard, sliding_window)
