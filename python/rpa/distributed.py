@@ -626,6 +626,8 @@ def context_parallel_attention(
 
   if exchange not in _EXCHANGES:
     raise _error("option", f"exchange={exchange!r} must be one of {list(_EXCHANGES)}.")
+  if not isinstance(shard, ContextShard) and not _dist_initialized():
+    _check_shard(shard, 0, 0)  # Its message: build one with split_pages.
   world = getattr(shard, "world_size", None)
   distributed = not (world == 1 and (group is None and not _dist_initialized()))
   dist = None
@@ -646,6 +648,8 @@ def context_parallel_attention(
               exchange=_EXCHANGES.index(exchange), slot_hash=0, all_slots_hash=0)
   error = None
   try:
+    if not isinstance(shard, ContextShard):
+      _check_shard(shard, 0, 0)
     q_t = q if _api._is_torch(q) else torch.from_numpy(np.asarray(q))
     if q_t.dim() != 3:
       raise _error("shape", f"q.shape={tuple(q_t.shape)} must have 3 dimensions "

@@ -10,7 +10,6 @@ process joined with a deadline and every collective under a timeout."""
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -171,6 +170,8 @@ def test_local_errors(rng):
   with pytest.raises(rpa.Error, match=r"mask_value=-10.0 must be None or <= -1e4") as e:
     rd.context_parallel_attention(b.q, b.kv_pages, shard, mask_value=-10.0)
   assert e.value.kind == "option"
+  with pytest.raises(rpa.Error, match="shard=dict must be a ContextShard"):
+    rd.context_parallel_attention(b.q, b.kv_pages, {})
   with pytest.raises(rpa.Error, match="exchange='ring' must be one of"):
     rd.context_parallel_attention(b.q, b.kv_pages, shard, exchange="ring")
   with pytest.raises(rpa.Error, match="shard.page_size=4 must be the cache's page_size=2"):
