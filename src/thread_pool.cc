@@ -5,10 +5,23 @@
 #include <string>
 
 #include "cpu_budget.h"
+#include "kernel/amx.h"
 #include "rpa/threads.h"
 #include "thread_affinity.h"
 
 namespace rpa::internal {
+namespace {
+
+// A thread that ran AMX tiles gives their state back before it sleeps (a
+// pool worker) or returns to the caller's code, so idle threads carry no
+// 8 KiB tile state and the next call reloads the configuration.
+void ReleaseThreadTileState() {
+#if defined(__x86_64__)
+  AmxReleaseTiles();
+#endif
+}
+
+}  // namespace
 
 ThreadPool::~ThreadPool() {
   {
@@ -68,6 +81,7 @@ void ThreadPool::WorkerLoop(int worker) {
       seen = generation_;
     }
     RunTasks(worker);
+    ReleaseThreadTileState();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (--pending_ == 0) done_cv_.notify_one();
@@ -80,6 +94,7 @@ void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, Ta
   if (num_workers > num_tasks) num_workers = static_cast<int>(num_tasks);
   if (num_workers <= 1) {
     for (int64_t task = 0; task < num_tasks; ++task) fn(context, task, 0);
+    ReleaseThreadTileState();
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
@@ -97,6 +112,7 @@ void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, Ta
   }
   start_cv_.notify_all();
   RunTasks(0);
+  ReleaseThreadTileState();
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   context_ = nullptr;

@@ -5,6 +5,7 @@
 #include "rpa/attention.h"
 #include "rpa/dtype.h"
 #include "rpa/error.h"
+#include "rpa/kernels.h"
 #include "rpa/kv_cache.h"
 #include "rpa/merge.h"
 #include "rpa/options.h"
