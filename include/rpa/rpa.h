@@ -4,11 +4,13 @@
 
 #include "rpa/attention.h"
 #include "rpa/dtype.h"
+#include "rpa/engine_page_tables.h"
 #include "rpa/error.h"
 #include "rpa/kv_cache.h"
 #include "rpa/merge.h"
 #include "rpa/options.h"
 #include "rpa/page_table.h"
+#include "rpa/plan.h"
 #include "rpa/reference.h"
 #include "rpa/tensor.h"
 #include "rpa/validate.h"
