@@ -53,13 +53,14 @@ void PlanCall(const RaggedInputs& inputs, const AttentionOptions& options,
               const MutableTensorView& out, PlanState& state) {
   AttentionProblem problem = StaticValidate(inputs, options);
   BindOutput(inputs.q, out, problem);
+  state.layout = inputs.layout;
   PlanProblem(problem, *static_cast<const int32_t*>(inputs.num_seqs.data), {}, state);
 }
 
 void RunPlanned(const PlanState& state, const RunInputs& inputs, const MutableTensorView& out,
                 const RunExtras& extras) {
   AttentionProblem problem = state.problem;
-  BindRun(inputs, out, extras, problem);
+  BindRun(inputs, out, extras, state.layout, problem);
   RunPlan(problem, state.tasks);
 }
 
@@ -81,16 +82,19 @@ std::optional<int64_t> SlidingWindowFromWindowLeft(int64_t window_left) {
 }
 
 AttentionShape ShapeOf(const TensorView& q, const TensorView& kv_pages) {
-  return AttentionShape{q.shape[0],        q.shape[1],       kv_pages.shape[2] / 2,
+  internal::CheckShapeViews(internal::CombinedRun(q, kv_pages));
+  return AttentionShape{q.shape[0],        q.shape[1],        kv_pages.shape[2] / 2,
                         kv_pages.shape[3], kv_pages.shape[0], kv_pages.shape[1],
-                        q.dtype,           kv_pages.dtype};
+                        q.dtype,           kv_pages.dtype,    std::nullopt};
 }
 
 AttentionShape ShapeOf(const TensorView& q, const KVPages& kv) {
+  internal::CheckShapeViews(internal::SplitRun(q, kv));
   const TensorView& k = kv.k_pages;
   const bool nhd = kv.layout == KVLayout::kNHD;
-  return AttentionShape{q.shape[0], q.shape[1], nhd ? k.shape[2] : k.shape[1], k.shape[3],
-                        k.shape[0], nhd ? k.shape[1] : k.shape[2], q.dtype, k.dtype};
+  return AttentionShape{q.shape[0], q.shape[1], nhd ? k.shape[2] : k.shape[1],
+                        k.shape[3], k.shape[0], nhd ? k.shape[1] : k.shape[2],
+                        q.dtype,    k.dtype,    kv.layout};
 }
 
 AttentionPlan::AttentionPlan() = default;
@@ -107,6 +111,7 @@ void AttentionPlan::Plan(const AttentionShape& shape, const PageTable& page_tabl
   internal::CopyMetadata(*static_cast<const int32_t*>(page_table.num_seqs.data), {}, problem,
                          spare_->metadata);
   internal::ResolveTokens(shape, problem);
+  spare_->layout = internal::LayoutOf(shape);
   internal::BuildTasks(problem, *spare_);
   std::swap(state_, spare_);  // Only now: a rejected plan leaves the current one.
 }
@@ -119,6 +124,7 @@ void AttentionPlan::Plan(const AttentionShape& shape, const CsrPageTable& page_t
   if (!spare_) spare_ = std::make_unique<internal::PlanState>();
   internal::CopyCsrMetadata(page_table, problem, spare_->metadata);
   internal::ResolveTokens(shape, problem);
+  spare_->layout = internal::LayoutOf(shape);
   internal::BuildTasks(problem, *spare_);
   std::swap(state_, spare_);
 }
@@ -148,8 +154,13 @@ bool AttentionPlan::planned() const { return state_ != nullptr; }
 AttentionShape AttentionPlan::shape() const {
   if (!state_) return {};
   const internal::AttentionProblem& p = state_->problem;
+  const internal::CacheLayout layout = state_->layout;
   return AttentionShape{p.num_tokens, p.num_q_heads, p.num_kv_heads, p.head_dim,
-                        p.num_pages,  p.page_size,   p.q_dtype,      p.kv_dtype};
+                        p.num_pages,  p.page_size,   p.q_dtype,      p.kv_dtype,
+                        layout == internal::CacheLayout::kCombined ? std::nullopt
+                        : layout == internal::CacheLayout::kNHD
+                            ? std::optional<KVLayout>(KVLayout::kNHD)
+                            : std::optional<KVLayout>(KVLayout::kHND)};
 }
 
 int64_t AttentionPlan::num_seqs() const { return state_ ? state_->problem.num_seqs : 0; }

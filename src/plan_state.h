@@ -22,6 +22,7 @@ struct PlanState {
   MetadataCopy metadata;
   Plan tasks;
   int num_threads = 0;  // Resolved (ResolveNumThreads) when planned.
+  CacheLayout layout = CacheLayout::kCombined;  // Of the runs' cache.
 };
 
 // Builds the tasks of a problem whose metadata are already copied into

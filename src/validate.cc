@@ -208,14 +208,13 @@ RaggedInputs SplitInputs(const TensorView& q, const KVPages& kv, const PageTable
                       page_table.num_seqs};
 }
 
-AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& options) {
+void CheckTensorRanks(const RunInputs& in) {
   const bool combined = in.layout == CacheLayout::kCombined;
   const std::string_view cache_name = combined ? "kv_pages" : "k_pages";
   const std::string_view cache_dims =
       combined ? "[total_num_pages, page_size, 2 * num_kv_heads, head_dim]"
       : in.layout == CacheLayout::kNHD ? "[total_num_pages, page_size, num_kv_heads, head_dim]"
                                        : "[total_num_pages, num_kv_heads, page_size, head_dim]";
-
   // What JAX's tuple unpacking and asserts would reject.
   CheckRank(in.q, "q", 3, "[max_num_batched_tokens, num_q_heads, head_dim]");
   CheckRank(in.k_pages, cache_name, 4, cache_dims);
@@ -230,15 +229,36 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
               StrCat("k_pages.dtype=", PyRepr(in.k_pages.dtype), " must be the same as v_pages.dtype=",
                      PyRepr(in.v_pages.dtype), "."),
               "Store K and V in one dtype.");
-  }
-  CheckRank(in.page_indices, "page_indices", 2, "[max_num_seqs, pages_per_seq]");
-  if (combined) {
+  } else {
     const int64_t combined_heads = in.k_pages.shape[2];
     RPA_CHECK(combined_heads % 2 == 0, ErrorKind::kShape,
               StrCat(NameEq("num_combined_kv_heads", combined_heads), " (kv_pages.shape[2]) must be even."),
               "In the combined layout head 2h holds K and head 2h + 1 holds V of kv head h; "
               "interleave K and V so kv_pages.shape[2] = 2 * num_kv_heads.");
   }
+}
+
+void CheckQHeadDim(int64_t q_head_dim, int64_t head_dim, std::string_view cache_name) {
+  RPA_CHECK(q_head_dim == head_dim, ErrorKind::kShape,
+            StrCat("Q head_dim ", q_head_dim, " must be the same as that of K/V ", head_dim, "."),
+            StrCat("Q, K and V must share one head_dim: q.shape[2] == ", cache_name, ".shape[3]."));
+}
+
+void CheckShapeViews(const RunInputs& in) {
+  const bool combined = in.layout == CacheLayout::kCombined;
+  const std::string_view cache_name = combined ? "kv_pages" : "k_pages";
+  CheckTensorRanks(in);
+  CheckQHeadDim(in.q.shape[2], in.k_pages.shape[3], cache_name);
+  CheckInnermostContiguous(in.q, "q");
+  CheckInnermostContiguous(in.k_pages, cache_name);
+  if (!combined) CheckInnermostContiguous(in.v_pages, "v_pages");
+}
+
+AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& options) {
+  const bool combined = in.layout == CacheLayout::kCombined;
+  const std::string_view cache_name = combined ? "kv_pages" : "k_pages";
+  CheckTensorRanks(RunInputs{in.q, in.k_pages, in.v_pages, in.layout});
+  CheckRank(in.page_indices, "page_indices", 2, "[max_num_seqs, pages_per_seq]");
 
   AttentionProblem p;
   DescribeCache(in, p);
@@ -263,10 +283,7 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   RPA_CHECK(in.num_seqs.rank == 1 && in.num_seqs.shape[0] == 1, ErrorKind::kShape,
             StrCat("num_seqs.shape=", in.num_seqs.ShapeString(), " must be (1,)"),
             "Pass num_seqs as a one-element int32 array holding the number of live sequences.");
-  const int64_t q_head_dim = in.q.shape[2];
-  RPA_CHECK(q_head_dim == p.head_dim, ErrorKind::kShape,
-            StrCat("Q head_dim ", q_head_dim, " must be the same as that of K/V ", p.head_dim, "."),
-            StrCat("Q, K and V must share one head_dim: q.shape[2] == ", cache_name, ".shape[3]."));
+  CheckQHeadDim(in.q.shape[2], p.head_dim, cache_name);
   RPA_CHECK(in.kv_lens.rank == 1 && in.kv_lens.shape[0] == p.max_num_seqs, ErrorKind::kShape,
             StrCat("Expected kv_lens.shape=", in.kv_lens.ShapeString(), " to be (", p.max_num_seqs,
                    ",) where `max_num_seqs` is `page_indices.shape[0]`."),
@@ -542,11 +559,22 @@ RaggedInputs ShapeInputs(const AttentionShape& shape, const PageTable& page_tabl
   // Views without data: StaticValidate checks their extents and dtypes as
   // it checks real tensors', and never reads them.
   const int64_t tokens = shape.num_tokens == -1 ? kTokensOfPageTable : shape.num_tokens;
-  return CombinedInputs(
-      TensorView(nullptr, shape.q_dtype, {tokens, shape.num_q_heads, shape.head_dim}),
-      TensorView(nullptr, shape.kv_dtype,
-                 {shape.num_pages, shape.page_size, 2 * shape.num_kv_heads, shape.head_dim}),
-      page_table);
+  const TensorView q(nullptr, shape.q_dtype, {tokens, shape.num_q_heads, shape.head_dim});
+  const int64_t pages = shape.num_pages, slots = shape.page_size, heads = shape.num_kv_heads;
+  switch (LayoutOf(shape)) {
+    case CacheLayout::kCombined:
+      return CombinedInputs(
+          q, TensorView(nullptr, shape.kv_dtype, {pages, slots, 2 * heads, shape.head_dim}),
+          page_table);
+    case CacheLayout::kNHD: {
+      const TensorView k(nullptr, shape.kv_dtype, {pages, slots, heads, shape.head_dim});
+      return SplitInputs(q, KVPages{k, k, KVLayout::kNHD}, page_table);
+    }
+    case CacheLayout::kHND:
+      break;
+  }
+  const TensorView k(nullptr, shape.kv_dtype, {pages, heads, slots, shape.head_dim});
+  return SplitInputs(q, KVPages{k, k, KVLayout::kHND}, page_table);
 }
 
 void CheckPlanOptions(const AttentionOptions& options) {
@@ -567,7 +595,18 @@ RunInputs SplitRun(const TensorView& q, const KVPages& kv) {
 }
 
 void BindRun(const RunInputs& in, const MutableTensorView& out, const RunExtras& extras,
-             AttentionProblem& p) {
+             CacheLayout planned_layout, AttentionProblem& p) {
+  auto describe = [](CacheLayout layout) {
+    return layout == CacheLayout::kCombined ? std::string("JAX's combined kv_pages")
+                                            : StrCat("separate K and V caches in the ",
+                                                     layout == CacheLayout::kNHD ? "NHD" : "HND",
+                                                     " layout");
+  };
+  RPA_CHECK(in.layout == planned_layout, ErrorKind::kShape,
+            StrCat("The cache is ", describe(in.layout), ", but the plan is for ",
+                   describe(planned_layout), "."),
+            "Run a plan on a cache of the layout it was planned for (AttentionShape::kv_layout), "
+            "or plan again for this one.");
   CheckPlannedShape(in.q, "q", {p.num_tokens, p.num_q_heads, p.head_dim},
                     "[max_num_batched_tokens, num_q_heads, head_dim]");
   CheckPlannedDtype(in.q, "q", p.q_dtype, "q_dtype");

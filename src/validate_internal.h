@@ -94,8 +94,8 @@ void CheckQLenAtMostKvLen(int64_t q_len, int64_t kv_len, int64_t seq, std::strin
 // many as any int32 page table can count.
 inline constexpr int64_t kTokensOfPageTable = INT32_MAX;
 
-// A plan's inputs for StaticValidate: q and a combined cache as views of the
-// shape's extents and dtypes without data (checked like real tensors, never
+// A plan's inputs for StaticValidate: q and the cache (in the shape's
+// layout) as views of the shape's extents and dtypes without data (checked like real tensors, never
 // read), and the page table. Checks that every extent fits in int32.
 RaggedInputs ShapeInputs(const AttentionShape& shape, const PageTable& page_table);
 
@@ -122,10 +122,27 @@ struct RunInputs {
 RunInputs CombinedRun(const TensorView& q, const TensorView& kv_pages);
 RunInputs SplitRun(const TensorView& q, const KVPages& kv);
 
+// The first static checks of q and the cache (StaticValidate's, which also
+// ShapeOf runs): their ranks, no negative extent, separate caches of one
+// shape and dtype, a combined cache's even head count.
+void CheckTensorRanks(const RunInputs& inputs);
+// q's head_dim is the cache's (kShape).
+void CheckQHeadDim(int64_t q_head_dim, int64_t head_dim, std::string_view cache_name);
+// What ShapeOf checks: CheckTensorRanks, CheckQHeadDim and the innermost
+// strides, so a plan from ShapeOf rejects the views a one-call function
+// would, with its messages.
+void CheckShapeViews(const RunInputs& inputs);
+
 // Checks a run's views against the planned problem (shapes, dtypes, the
 // innermost stride, the extras) and binds them into it.
 void BindRun(const RunInputs& inputs, const MutableTensorView& out, const RunExtras& extras,
-             AttentionProblem& problem);
+             CacheLayout planned_layout, AttentionProblem& problem);
+
+// The cache layout an AttentionShape names.
+inline CacheLayout LayoutOf(const AttentionShape& shape) {
+  if (!shape.kv_layout) return CacheLayout::kCombined;
+  return *shape.kv_layout == KVLayout::kNHD ? CacheLayout::kNHD : CacheLayout::kHND;
+}
 
 // `out` must be like q; binds it into the problem.
 void BindOutput(const TensorView& q, const MutableTensorView& out, AttentionProblem& problem);

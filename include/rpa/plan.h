@@ -29,10 +29,10 @@ namespace internal {
 struct PlanState;
 }  // namespace internal
 
-// The extents and dtypes of the tensors a plan's runs take, whatever the
-// cache's layout: q and out [num_tokens, num_q_heads, head_dim]; the cache
-// num_pages pages of page_size tokens of num_kv_heads heads of head_dim.
-// Every extent fits in int32.
+// The extents, dtypes and cache layout of the tensors a plan's runs take:
+// q and out [num_tokens, num_q_heads, head_dim]; the cache num_pages pages
+// of page_size tokens of num_kv_heads heads of head_dim, laid out as
+// kv_layout says. Every extent fits in int32.
 struct AttentionShape {
   // q.shape[0] (JAX's max_num_batched_tokens; rows past the batch's tokens
   // are padding, written as zeros). -1: exactly the batch's query tokens,
@@ -45,12 +45,16 @@ struct AttentionShape {
   int64_t page_size = 0;
   DType q_dtype = DType::kBF16;
   DType kv_dtype = DType::kBF16;
+  // Separate K and V caches (KVPages) in this layout; none: JAX's combined kv_pages.
+  std::optional<KVLayout> kv_layout;
   bool operator==(const AttentionShape&) const = default;
 };
 
-// The shape of these views, read without checking them (the plan checks
-// the shape, each run its views): q [tokens, q heads, head_dim] and JAX's
-// combined cache, or separate caches in their layout.
+// The shape of these views: q [tokens, q heads, head_dim] and JAX's
+// combined cache, or separate caches in their layout. Checks what the shape
+// depends on as the one-call functions do (ranks, no negative extent, a
+// combined cache's even head count, separate caches of one shape and dtype);
+// the plan checks the rest of the shape, each run its views.
 AttentionShape ShapeOf(const TensorView& q, const TensorView& kv_pages);
 AttentionShape ShapeOf(const TensorView& q, const KVPages& kv);
 
