@@ -21,7 +21,9 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -830,8 +832,19 @@ py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, p
 }
 
 // rpa::MergeStates into the caller's `out` and `lse`.
+// merge_states' lse_base: e (rpa's natural-log LSEs) or 2 (FlashInfer's).
+rpa::LseBase ToLseBase(py::handle value) {
+  const double base = OptionalFloat(value, "lse_base").value_or(M_E);
+  if (base == M_E) return rpa::LseBase::kE;
+  if (base == 2.0) return rpa::LseBase::k2;
+  ThrowValue(rpa::ErrorKind::kOption,
+             "lse_base=" + Repr(value) + " must be math.e or 2. rpa's LSEs (return_lse=True) are "
+             "natural logs (math.e, the default); FlashInfer's are base 2.");
+}
+
 void Merge(py::handle out_a, py::handle lse_a, py::handle out_b, py::handle lse_b,
-           py::handle out, py::handle lse) {
+           py::handle out, py::handle lse, py::handle lse_base) {
+  const rpa::LseBase base = ToLseBase(lse_base);
   const Array a = Array::Open(out_a, "out_a", false);
   const Array la = Array::Open(lse_a, "lse_a", false);
   const Array b = Array::Open(out_b, "out_b", false);
@@ -841,7 +854,7 @@ void Merge(py::handle out_a, py::handle lse_a, py::handle out_b, py::handle lse_
   {
     py::gil_scoped_release release;
     rpa::MergeStates(a.const_view(), la.const_view(), b.const_view(), lb.const_view(),
-                     merged.view(), merged_lse.view());
+                     merged.view(), merged_lse.view(), base);
   }
   merged.Commit();
   merged_lse.Commit();
@@ -929,6 +942,185 @@ void Dequantize(py::handle codes, py::handle dtype, py::handle scale, py::handle
   }
   values.Commit();
 }
+
+// ---- rpa::AttentionPlan (rpa.BatchAttention): plan once per step, run per layer.
+
+rpa::DType DtypeByName(py::handle name, const std::string& keyword) {
+  const std::string text = py::str(name).cast<std::string>();
+  const std::optional<rpa::DType> dtype = rpa::DTypeFromString(text);
+  if (!py::isinstance<py::str>(name) || !dtype) {
+    ThrowValue(rpa::ErrorKind::kDtype, keyword + "=" + Repr(name) +
+                                           " is not a dtype rpa knows. Pass a dtype or its "
+                                           "name, such as 'bfloat16'.");
+  }
+  return *dtype;
+}
+
+// The plan's arguments that are not arrays: the shape and the options.
+struct PlanArgs {
+  py::object num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, q_dtype,
+      kv_dtype, kv_layout, window_left;
+  RaggedKwargs options;
+};
+
+int64_t RequiredInt(py::handle value, const char* name) {
+  const std::optional<int64_t> v = OptionalInt(value, name);
+  if (!v) throw py::type_error(std::string(name) + " must be an int.");
+  return *v;
+}
+
+// A thread-safe rpa::AttentionPlan: runs share it, a plan waits for them
+// (the GIL is released while either waits or works).
+class Plan {
+ public:
+  void PlanJax(const PlanArgs& args, py::handle kv_lens, py::handle page_indices,
+               py::handle cu_q_lens, py::handle num_seqs) {
+    const rpa::AttentionShape shape = Shape(args);
+    const rpa::AttentionOptions options = Options(args);
+    RaggedArrays a;
+    a.OpenMetadata(kv_lens, page_indices, cu_q_lens, num_seqs);
+    py::gil_scoped_release release;
+    std::unique_lock lock(mutex_);
+    plan_.Plan(shape,
+               rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
+                              a.cu_q_lens.const_view(), a.num_seqs.const_view()},
+               options);
+  }
+
+  void PlanCsr(const PlanArgs& args, py::handle qo_indptr, py::handle kv_indptr,
+               py::handle kv_indices, py::handle kv_last_page_len) {
+    const rpa::AttentionShape shape = Shape(args);
+    const rpa::AttentionOptions options = Options(args);
+    const Array qo = Array::Open(qo_indptr, "qo_indptr", false);
+    const Array kvp = Array::Open(kv_indptr, "kv_indptr", false);
+    const Array idx = Array::Open(kv_indices, "kv_indices", false);
+    const Array last = Array::Open(kv_last_page_len, "kv_last_page_len", false);
+    py::gil_scoped_release release;
+    std::unique_lock lock(mutex_);
+    plan_.Plan(shape,
+               rpa::CsrPageTable{qo.const_view(), kvp.const_view(), idx.const_view(),
+                                 last.const_view()},
+               options);
+  }
+
+  // v is None for a combined cache; kv_dtype names a float8 array's own
+  // dtype (rpa._api._as_codes), else a uint8 cache is read as the planned
+  // quantized kv_dtype.
+  py::object Run(py::handle q, py::handle k, py::handle v, py::handle out, py::handle sinks,
+                 py::handle lse, py::handle k_scale, py::handle v_scale, py::handle kv_dtype) {
+    RunArrays a;
+    a.q = Array::Open(q, "q", false);
+    const bool split = !v.is_none();
+    const std::string k_name = split ? "k_pages" : "kv_pages";
+    a.k = Array::Open(k, k_name, false);
+    if (split) a.v = Array::Open(v, "v_pages", false);
+    const std::optional<rpa::DType> as = ReadCacheAs(kv_dtype);
+    a.k.Reinterpret(as, k_name, "kv_dtype");
+    if (split) a.v.Reinterpret(as, "v_pages", "kv_dtype");
+    rpa::RunExtras extras;
+    extras.k_scale = OptionalFloat(k_scale, "k_scale");
+    extras.v_scale = OptionalFloat(v_scale, "v_scale");
+    if (!sinks.is_none()) {
+      a.sinks = Array::Open(sinks, "sinks", false);
+      extras.sinks = a.sinks.const_view();
+    }
+    const std::vector<const Array*> inputs = {&a.q, &a.k, &a.v, &a.sinks};
+    Output output(out, inputs);
+    std::optional<Output> lse_output;
+    if (!lse.is_none()) {
+      lse_output.emplace(lse, inputs, "lse");
+      extras.lse = lse_output->view();
+    }
+    {
+      py::gil_scoped_release release;
+      std::shared_lock lock(mutex_);
+      if (split) {
+        const std::optional<rpa::KVLayout> layout = plan_.shape().kv_layout;
+        plan_.Run(a.q.const_view(),
+                  rpa::KVPages{a.k.const_view(), a.v.const_view(),
+                               layout.value_or(rpa::KVLayout::kNHD)},
+                  output.view(), extras);
+      } else {
+        plan_.Run(a.q.const_view(), a.k.const_view(), output.view(), extras);
+      }
+    }
+    output.Commit();
+    if (lse_output) lse_output->Commit();
+    return py::reinterpret_borrow<py::object>(out);
+  }
+
+  py::dict Info() {
+    py::gil_scoped_release release;
+    std::shared_lock lock(mutex_);
+    py::gil_scoped_acquire acquire;
+    py::dict info;
+    info["planned"] = plan_.planned();
+    const rpa::AttentionShape s = plan_.shape();
+    info["num_tokens"] = s.num_tokens;
+    info["num_q_heads"] = s.num_q_heads;
+    info["num_kv_heads"] = s.num_kv_heads;
+    info["head_dim"] = s.head_dim;
+    info["num_pages"] = s.num_pages;
+    info["page_size"] = s.page_size;
+    info["q_dtype"] = std::string(rpa::ToString(s.q_dtype));
+    info["kv_dtype"] = std::string(rpa::ToString(s.kv_dtype));
+    info["kv_layout"] = s.kv_layout ? py::object(py::str(std::string(rpa::ToString(*s.kv_layout))))
+                                    : py::object(py::none());
+    info["num_seqs"] = plan_.num_seqs();
+    info["num_threads"] = plan_.num_threads();
+    const rpa::BlockSizes b = plan_.block_sizes();
+    info["num_kv_pages_per_block"] = b.num_kv_pages_per_block;
+    info["num_queries_per_block"] = b.num_queries_per_block;
+    info["kernels"] = plan_.DescribeKernels();
+    return info;
+  }
+
+ private:
+  struct RunArrays {
+    Array q, k, v, sinks;
+  };
+
+  static rpa::AttentionShape Shape(const PlanArgs& args) {
+    rpa::AttentionShape shape;
+    const std::optional<int64_t> tokens = OptionalInt(args.num_tokens, "num_tokens");
+    shape.num_tokens = tokens.value_or(-1);
+    shape.num_q_heads = RequiredInt(args.num_q_heads, "num_q_heads");
+    shape.num_kv_heads = RequiredInt(args.num_kv_heads, "num_kv_heads");
+    shape.head_dim = RequiredInt(args.head_dim, "head_dim");
+    shape.num_pages = RequiredInt(args.num_pages, "num_pages");
+    shape.page_size = RequiredInt(args.page_size, "page_size");
+    shape.q_dtype = DtypeByName(args.q_dtype, "q_dtype");
+    shape.kv_dtype = args.kv_dtype.is_none() ? shape.q_dtype : DtypeByName(args.kv_dtype, "kv_dtype");
+    shape.kv_layout = ToLayout(args.kv_layout);
+    return shape;
+  }
+
+  static rpa::AttentionOptions Options(const PlanArgs& args) {
+    rpa::AttentionOptions options = ToOptions(args.options);
+    const std::optional<int64_t> window_left = OptionalInt(args.window_left, "window_left");
+    if (window_left) {
+      if (options.sliding_window) {
+        ThrowValue(rpa::ErrorKind::kOption,
+                   "sliding_window=" + std::to_string(*options.sliding_window) +
+                       " and window_left=" + std::to_string(*window_left) +
+                       " are the same option. Pass one: sliding_window = window_left + 1.");
+      }
+      options.sliding_window = rpa::SlidingWindowFromWindowLeft(*window_left);
+    }
+    return options;
+  }
+
+  std::optional<rpa::DType> ReadCacheAs(py::handle kv_dtype) {
+    if (!kv_dtype.is_none()) return ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true);
+    py::gil_scoped_release release;
+    std::shared_lock lock(mutex_);
+    const rpa::DType planned = plan_.shape().kv_dtype;
+    return IsQuantized(planned) ? std::optional<rpa::DType>(planned) : std::nullopt;
+  }
+
+  rpa::AttentionPlan plan_;
+  std::shared_mutex mutex_;
+};
 
 // For tests and debugging: how an argument reaches the library.
 py::dict ViewInfo(py::handle obj, bool writable) {
@@ -1036,7 +1228,8 @@ PYBIND11_MODULE(_rpa, m) {
       "rpa.ragged_paged_attention_with_kv_write.");
 
   m.def("merge_states", &Merge, py::arg("out_a"), py::arg("lse_a"), py::arg("out_b"),
-        py::arg("lse_b"), py::arg("out"), py::arg("lse"),
+        py::arg("lse_b"), py::arg("out"), py::arg("lse"), py::kw_only(),
+        py::arg("lse_base").none(true) = py::none(),
         "Merges two partial attentions into `out` and `lse`; see rpa.merge_states.");
   m.def("quantize", &Quantize, py::arg("x"), py::arg("dtype"), py::arg("scale").none(true),
         py::arg("out"), "Writes x / scale as `dtype` codes into `out`; see rpa.quantize.");
@@ -1106,6 +1299,74 @@ PYBIND11_MODULE(_rpa, m) {
       "chooses; see rpa.get_tuned_block_sizes.");
   m.def("load_tuned_block_sizes", &rpa::LoadTunedBlockSizes, py::arg("path"),
         "Loads a tuned block-size table (rpa tune's JSON); see rpa.load_tuned_block_sizes.");
+
+  py::class_<Plan>(m, "AttentionPlan",
+                   "rpa::AttentionPlan: plan once per step, run per layer; see "
+                   "rpa.BatchAttention.")
+      .def(py::init<>())
+      .def(
+          "plan_jax",
+          [](Plan& self, py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
+             py::handle num_seqs, py::object num_tokens, py::object num_q_heads,
+             py::object num_kv_heads, py::object head_dim, py::object num_pages,
+             py::object page_size, py::object q_dtype, py::object kv_dtype, py::object kv_layout,
+             py::object window_left, py::object sm_scale, py::object sliding_window,
+             py::object soft_cap, py::object mask_value, py::object k_scale, py::object v_scale,
+             py::object num_kv_pages_per_block, py::object num_queries_per_block,
+             py::object vmem_limit_bytes, py::object num_threads) {
+            self.PlanJax(PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
+                                  page_size, q_dtype, kv_dtype, kv_layout, window_left,
+                                  {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
+                                   v_scale, num_kv_pages_per_block, num_queries_per_block,
+                                   vmem_limit_bytes, num_threads}},
+                         kv_lens, page_indices, cu_q_lens, num_seqs);
+          },
+          py::arg("kv_lens"), py::arg("page_indices"), py::arg("cu_q_lens"), py::arg("num_seqs"),
+          py::kw_only(), py::arg("num_tokens").none(true), py::arg("num_q_heads"),
+          py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("num_pages"),
+          py::arg("page_size"), py::arg("q_dtype"), py::arg("kv_dtype").none(true),
+          py::arg("kv_layout").none(true), py::arg("window_left").none(true),
+          py::arg("sm_scale").none(true), py::arg("sliding_window").none(true),
+          py::arg("soft_cap").none(true), py::arg("mask_value").none(true),
+          py::arg("k_scale").none(true), py::arg("v_scale").none(true),
+          py::arg("num_kv_pages_per_block").none(true),
+          py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
+          py::arg("num_threads").none(true), "Plans from JAX's page table.")
+      .def(
+          "plan_csr",
+          [](Plan& self, py::handle qo_indptr, py::handle kv_indptr, py::handle kv_indices,
+             py::handle kv_last_page_len, py::object num_tokens, py::object num_q_heads,
+             py::object num_kv_heads, py::object head_dim, py::object num_pages,
+             py::object page_size, py::object q_dtype, py::object kv_dtype, py::object kv_layout,
+             py::object window_left, py::object sm_scale, py::object sliding_window,
+             py::object soft_cap, py::object mask_value, py::object k_scale, py::object v_scale,
+             py::object num_kv_pages_per_block, py::object num_queries_per_block,
+             py::object vmem_limit_bytes, py::object num_threads) {
+            self.PlanCsr(PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
+                                  page_size, q_dtype, kv_dtype, kv_layout, window_left,
+                                  {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
+                                   v_scale, num_kv_pages_per_block, num_queries_per_block,
+                                   vmem_limit_bytes, num_threads}},
+                         qo_indptr, kv_indptr, kv_indices, kv_last_page_len);
+          },
+          py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"),
+          py::arg("kv_last_page_len"), py::kw_only(), py::arg("num_tokens").none(true),
+          py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
+          py::arg("num_pages"), py::arg("page_size"), py::arg("q_dtype"),
+          py::arg("kv_dtype").none(true), py::arg("kv_layout").none(true),
+          py::arg("window_left").none(true), py::arg("sm_scale").none(true),
+          py::arg("sliding_window").none(true), py::arg("soft_cap").none(true),
+          py::arg("mask_value").none(true), py::arg("k_scale").none(true),
+          py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
+          py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
+          py::arg("num_threads").none(true), "Plans from FlashInfer's CSR page table.")
+      .def("run", &Plan::Run, py::arg("q"), py::arg("k"), py::arg("v").none(true),
+           py::arg("out"), py::kw_only(), py::arg("sinks").none(true) = py::none(),
+           py::arg("lse").none(true) = py::none(), py::arg("k_scale").none(true) = py::none(),
+           py::arg("v_scale").none(true) = py::none(),
+           py::arg("kv_dtype").none(true) = py::none(),
+           "Runs the plan into `out` (and `lse`) and returns out.")
+      .def("info", &Plan::Info, "The planned shape, sequences, threads, tiles and kernels.");
 
   m.def("view_info", &ViewInfo, py::arg("x"), py::arg("writable") = false,
         "How an array reaches the library: data pointer, dtype, shape, element strides and "

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numbers>
 #include <random>
 #include <vector>
 
@@ -187,6 +188,37 @@ TEST(MergeStates, SplitAtAnyPointEqualsWhole) {
     }
     for (int64_t h = 0; h < heads; ++h) {
       ASSERT_NEAR(lse_a[h], whole_lse[h], 1e-5) << "split " << split << " head " << h;
+    }
+  }
+}
+
+// FlashInfer's base-2 LSEs (lse_e * log2(e)) merge to the same output and
+// the base-2 LSE of the whole.
+TEST(MergeStates, Base2LseMergesLikeFlashInfer) {
+  const DenseSequence seq;
+  std::vector<float> whole, whole_lse;
+  seq.Attend(0, seq.length, whole, whole_lse);
+  const int64_t heads = seq.q_heads;
+  const int64_t dim = seq.head_dim;
+  const float log2e = std::numbers::log2e_v<float>;
+  for (int32_t split = 1; split < seq.length; split += 3) {
+    std::vector<float> a, lse_a, b, lse_b;
+    seq.Attend(0, split, a, lse_a);
+    seq.Attend(split, seq.length, b, lse_b);
+    for (float& x : lse_a) x *= log2e;
+    for (float& x : lse_b) x *= log2e;
+    std::vector<float> out(a.size()), lse(lse_a.size());
+    MergeStates(TensorView(a.data(), DType::kF32, {1, heads, dim}),
+                TensorView(lse_a.data(), DType::kF32, {1, heads}),
+                TensorView(b.data(), DType::kF32, {1, heads, dim}),
+                TensorView(lse_b.data(), DType::kF32, {1, heads}),
+                MutableTensorView(out.data(), DType::kF32, {1, heads, dim}),
+                MutableTensorView(lse.data(), DType::kF32, {1, heads}), LseBase::k2);
+    for (size_t i = 0; i < whole.size(); ++i) {
+      ASSERT_NEAR(out[i], whole[i], 1e-5) << "split " << split << " element " << i;
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      ASSERT_NEAR(lse[h], whole_lse[h] * log2e, 1e-5) << "split " << split << " head " << h;
     }
   }
 }
