@@ -112,8 +112,11 @@ void DescribeCache(const RaggedInputs& in, AttentionProblem& p) {
     pages.page_stride = t.strides[page_dim];
     pages.slot_stride = t.strides[slot_dim];
     pages.head_stride = t.strides[head_dim_index] * head_step;
-    pages.data = static_cast<const char*>(t.data) +
-                 first_head * t.strides[head_dim_index] * static_cast<int64_t>(SizeOf(t.dtype));
+    // A plan's views have no data (ShapeInputs): they stay null.
+    pages.data = t.data == nullptr ? nullptr
+                                   : static_cast<const char*>(t.data) +
+                                         first_head * t.strides[head_dim_index] *
+                                             static_cast<int64_t>(SizeOf(t.dtype));
     return pages;
   };
   switch (in.layout) {
