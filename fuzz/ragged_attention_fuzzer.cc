@@ -96,7 +96,8 @@ void RunCsr(const RaggedCase& c, Buffer& out, std::vector<float>& lse) {
   options.sinks.reset();
   options.lse.reset();
   const CsrPageTable table{
-      TensorView(qo.data(), DType::kI32, {n + 1}), TensorView(kv_indptr.data(), DType::kI32, {n + 1}),
+      TensorView(qo.data(), DType::kI32, {n + 1}),
+      TensorView(kv_indptr.data(), DType::kI32, {n + 1}),
       TensorView(indices.data(), DType::kI32, {static_cast<int64_t>(indices.size())}),
       TensorView(last.data(), DType::kI32, {n})};
   const bool combined = c.layout == Layout::kCombined;
@@ -191,7 +192,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<float> lse_csr = c.NewLse();
     RunCsr(c, out_csr, lse_csr);
     diff = CompareToReference(c, out_csr, out_ref, lse_csr, lse_ref);
-    if (!diff.empty()) Fail("the CSR form differs from the reference: " + diff + "\n  " + c.Describe());
+    if (!diff.empty()) {
+      Fail("the CSR form differs from the reference: " + diff + "\n  " + c.Describe());
+    }
   }
   return 0;
 }

@@ -635,6 +635,31 @@ class Output {
   bool staged_ = false;
 };
 
+// out and, when given, lse (Outputs against the inputs), committed together.
+struct RowOutputs {
+  Output out;
+  std::optional<Output> lse;
+
+  RowOutputs(py::handle out_in, py::handle lse_in, const std::vector<const Array*>& inputs)
+      : out(out_in, inputs) {
+    if (!lse_in.is_none()) lse.emplace(lse_in, inputs, "lse");
+  }
+  std::optional<rpa::MutableTensorView> LseView() const {
+    return lse ? std::optional<rpa::MutableTensorView>(lse->view()) : std::nullopt;
+  }
+  void Commit() {
+    out.Commit();
+    if (lse) lse->Commit();
+  }
+};
+
+// `sinks` (or None) opened into `array`, as the library's optional view.
+std::optional<rpa::TensorView> OpenSinks(py::handle sinks, Array& array) {
+  if (sinks.is_none()) return std::nullopt;
+  array = Array::Open(sinks, "sinks", false);
+  return array.const_view();
+}
+
 py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::handle layout,
                   py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
                   py::handle num_seqs, py::handle out, py::handle sinks, py::handle lse,
@@ -644,19 +669,12 @@ py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::
       RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
                          ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
   Array sinks_array;
-  if (!sinks.is_none()) {
-    sinks_array = Array::Open(sinks, "sinks", false);
-    options.sinks = sinks_array.const_view();
-  }
+  options.sinks = OpenSinks(sinks, sinks_array);
   const std::vector<const Array*> inputs = {&a.q,         &a.k,         &a.v,
                                             &a.kv_lens,   &a.page_indices, &a.cu_q_lens,
                                             &a.num_seqs,  &sinks_array};
-  Output output(out, inputs);
-  std::optional<Output> lse_output;
-  if (!lse.is_none()) {
-    lse_output.emplace(lse, inputs, "lse");
-    options.lse = lse_output->view();
-  }
+  RowOutputs outputs(out, lse, inputs);
+  options.lse = outputs.LseView();
   {
     py::gil_scoped_release release;
     if (a.split() && reference) {
@@ -664,28 +682,27 @@ py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::
           a.q.const_view(), rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
           rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                          a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, output.view());
+          options, outputs.out.view());
     } else if (a.split()) {
       rpa::RaggedPagedAttention(a.q.const_view(),
                                 rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
                                 rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                                                a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                                options, output.view());
+                                options, outputs.out.view());
     } else if (reference) {
       rpa::RefRaggedPagedAttention(
           a.q.const_view(), a.k.const_view(),
           rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                          a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, output.view());
+          options, outputs.out.view());
     } else {
       rpa::RaggedPagedAttention(a.q.const_view(), a.k.const_view(),
                                 rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                                                a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                                options, output.view());
+                                options, outputs.out.view());
     }
   }
-  output.Commit();
-  if (lse_output) lse_output->Commit();
+  outputs.Commit();
   return py::reinterpret_borrow<py::object>(out);
 }
 
@@ -698,10 +715,7 @@ void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, py::handle
       RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
                          ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
   Array sinks_array;
-  if (!sinks.is_none()) {
-    sinks_array = Array::Open(sinks, "sinks", false);
-    options.sinks = sinks_array.const_view();
-  }
+  options.sinks = OpenSinks(sinks, sinks_array);
   py::gil_scoped_release release;
   if (a.split()) {
     if (dynamic) {
@@ -787,10 +801,7 @@ py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, p
   const Array anv = Array::Open(new_v, "new_v", false);
   a.OpenMetadata(kv_lens, page_indices, cu_q_lens, num_seqs);
   Array sinks_array;
-  if (!sinks.is_none()) {
-    sinks_array = Array::Open(sinks, "sinks", false);
-    options.sinks = sinks_array.const_view();
-  }
+  options.sinks = OpenSinks(sinks, sinks_array);
   std::vector<const Array*> inputs = {&a.q,         &ank,        &anv,        &a.kv_lens,
                                       &a.page_indices, &a.cu_q_lens, &a.num_seqs, &sinks_array};
   // K and V of one combined array may interleave (strided views of it): each
@@ -801,12 +812,8 @@ py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, p
   if (a.split()) v_cache.emplace(v, inputs, "v_pages", as);
   inputs.push_back(&k_cache.array());
   if (v_cache) inputs.push_back(&v_cache->array());
-  Output output(out, inputs);
-  std::optional<Output> lse_output;
-  if (!lse.is_none()) {
-    lse_output.emplace(lse, inputs, "lse");
-    options.lse = lse_output->view();
-  }
+  RowOutputs outputs(out, lse, inputs);
+  options.lse = outputs.LseView();
   {
     py::gil_scoped_release release;
     if (a.split()) {
@@ -815,19 +822,18 @@ py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, p
           rpa::MutableKVPages{k_cache.view(), v_cache->view(), *a.layout},
           rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                          a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, output.view());
+          options, outputs.out.view());
     } else {
       rpa::RaggedPagedAttentionWithKVWrite(
           a.q.const_view(), ank.const_view(), anv.const_view(), k_cache.view(),
           rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                          a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, output.view());
+          options, outputs.out.view());
     }
   }
   k_cache.Commit();
   if (v_cache) v_cache->Commit();
-  output.Commit();
-  if (lse_output) lse_output->Commit();
+  outputs.Commit();
   return py::reinterpret_borrow<py::object>(out);
 }
 
@@ -973,34 +979,31 @@ int64_t RequiredInt(py::handle value, const char* name) {
 // (the GIL is released while either waits or works).
 class Plan {
  public:
-  void PlanJax(const PlanArgs& args, py::handle kv_lens, py::handle page_indices,
-               py::handle cu_q_lens, py::handle num_seqs) {
+  // form "jax": (kv_lens, page_indices, cu_q_lens, num_seqs); "csr":
+  // (qo_indptr, kv_indptr, kv_indices, kv_last_page_len).
+  void PlanFrom(const std::string& form, const std::vector<py::handle>& tables,
+                const PlanArgs& args) {
     const rpa::AttentionShape shape = Shape(args);
     const rpa::AttentionOptions options = Options(args);
-    RaggedArrays a;
-    a.OpenMetadata(kv_lens, page_indices, cu_q_lens, num_seqs);
+    const bool csr = form == "csr";
+    const char* const names[2][4] = {{"kv_lens", "page_indices", "cu_q_lens", "num_seqs"},
+                                     {"qo_indptr", "kv_indptr", "kv_indices",
+                                      "kv_last_page_len"}};
+    std::vector<Array> a;
+    for (int i = 0; i < 4; ++i) a.push_back(Array::Open(tables[i], names[csr][i], false));
     py::gil_scoped_release release;
     std::unique_lock lock(mutex_);
-    plan_.Plan(shape,
-               rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                              a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-               options);
-  }
-
-  void PlanCsr(const PlanArgs& args, py::handle qo_indptr, py::handle kv_indptr,
-               py::handle kv_indices, py::handle kv_last_page_len) {
-    const rpa::AttentionShape shape = Shape(args);
-    const rpa::AttentionOptions options = Options(args);
-    const Array qo = Array::Open(qo_indptr, "qo_indptr", false);
-    const Array kvp = Array::Open(kv_indptr, "kv_indptr", false);
-    const Array idx = Array::Open(kv_indices, "kv_indices", false);
-    const Array last = Array::Open(kv_last_page_len, "kv_last_page_len", false);
-    py::gil_scoped_release release;
-    std::unique_lock lock(mutex_);
-    plan_.Plan(shape,
-               rpa::CsrPageTable{qo.const_view(), kvp.const_view(), idx.const_view(),
-                                 last.const_view()},
-               options);
+    if (csr) {
+      plan_.Plan(shape,
+                 rpa::CsrPageTable{a[0].const_view(), a[1].const_view(), a[2].const_view(),
+                                   a[3].const_view()},
+                 options);
+    } else {
+      plan_.Plan(shape,
+                 rpa::PageTable{a[0].const_view(), a[1].const_view(), a[2].const_view(),
+                                a[3].const_view()},
+                 options);
+    }
   }
 
   // v is None for a combined cache; kv_dtype names a float8 array's own
@@ -1020,17 +1023,9 @@ class Plan {
     rpa::RunExtras extras;
     extras.k_scale = OptionalFloat(k_scale, "k_scale");
     extras.v_scale = OptionalFloat(v_scale, "v_scale");
-    if (!sinks.is_none()) {
-      a.sinks = Array::Open(sinks, "sinks", false);
-      extras.sinks = a.sinks.const_view();
-    }
-    const std::vector<const Array*> inputs = {&a.q, &a.k, &a.v, &a.sinks};
-    Output output(out, inputs);
-    std::optional<Output> lse_output;
-    if (!lse.is_none()) {
-      lse_output.emplace(lse, inputs, "lse");
-      extras.lse = lse_output->view();
-    }
+    extras.sinks = OpenSinks(sinks, a.sinks);
+    RowOutputs outputs(out, lse, {&a.q, &a.k, &a.v, &a.sinks});
+    extras.lse = outputs.LseView();
     {
       py::gil_scoped_release release;
       std::shared_lock lock(mutex_);
@@ -1039,13 +1034,12 @@ class Plan {
         plan_.Run(a.q.const_view(),
                   rpa::KVPages{a.k.const_view(), a.v.const_view(),
                                layout.value_or(rpa::KVLayout::kNHD)},
-                  output.view(), extras);
+                  outputs.out.view(), extras);
       } else {
-        plan_.Run(a.q.const_view(), a.k.const_view(), output.view(), extras);
+        plan_.Run(a.q.const_view(), a.k.const_view(), outputs.out.view(), extras);
       }
     }
-    output.Commit();
-    if (lse_output) lse_output->Commit();
+    outputs.Commit();
     return py::reinterpret_borrow<py::object>(out);
   }
 
@@ -1081,18 +1075,17 @@ class Plan {
   };
 
   static rpa::AttentionShape Shape(const PlanArgs& args) {
-    rpa::AttentionShape shape;
-    const std::optional<int64_t> tokens = OptionalInt(args.num_tokens, "num_tokens");
-    shape.num_tokens = tokens.value_or(-1);
-    shape.num_q_heads = RequiredInt(args.num_q_heads, "num_q_heads");
-    shape.num_kv_heads = RequiredInt(args.num_kv_heads, "num_kv_heads");
-    shape.head_dim = RequiredInt(args.head_dim, "head_dim");
-    shape.num_pages = RequiredInt(args.num_pages, "num_pages");
-    shape.page_size = RequiredInt(args.page_size, "page_size");
-    shape.q_dtype = DtypeByName(args.q_dtype, "q_dtype");
-    shape.kv_dtype = args.kv_dtype.is_none() ? shape.q_dtype : DtypeByName(args.kv_dtype, "kv_dtype");
-    shape.kv_layout = ToLayout(args.kv_layout);
-    return shape;
+    const rpa::DType q_dtype = DtypeByName(args.q_dtype, "q_dtype");
+    return rpa::AttentionShape{
+        OptionalInt(args.num_tokens, "num_tokens").value_or(-1),
+        RequiredInt(args.num_q_heads, "num_q_heads"),
+        RequiredInt(args.num_kv_heads, "num_kv_heads"),
+        RequiredInt(args.head_dim, "head_dim"),
+        RequiredInt(args.num_pages, "num_pages"),
+        RequiredInt(args.page_size, "page_size"),
+        q_dtype,
+        args.kv_dtype.is_none() ? q_dtype : DtypeByName(args.kv_dtype, "kv_dtype"),
+        ToLayout(args.kv_layout)};
   }
 
   static rpa::AttentionOptions Options(const PlanArgs& args) {
@@ -1305,61 +1298,35 @@ PYBIND11_MODULE(_rpa, m) {
                    "rpa.BatchAttention.")
       .def(py::init<>())
       .def(
-          "plan_jax",
-          [](Plan& self, py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
-             py::handle num_seqs, py::object num_tokens, py::object num_q_heads,
+          "plan",
+          [](Plan& self, const std::string& form, py::handle a, py::handle b, py::handle c,
+             py::handle d, py::object num_tokens, py::object num_q_heads,
              py::object num_kv_heads, py::object head_dim, py::object num_pages,
              py::object page_size, py::object q_dtype, py::object kv_dtype, py::object kv_layout,
              py::object window_left, py::object sm_scale, py::object sliding_window,
              py::object soft_cap, py::object mask_value, py::object k_scale, py::object v_scale,
              py::object num_kv_pages_per_block, py::object num_queries_per_block,
              py::object vmem_limit_bytes, py::object num_threads) {
-            self.PlanJax(PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
-                                  page_size, q_dtype, kv_dtype, kv_layout, window_left,
-                                  {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
-                                   v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                   vmem_limit_bytes, num_threads}},
-                         kv_lens, page_indices, cu_q_lens, num_seqs);
+            self.PlanFrom(form, {a, b, c, d},
+                          PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
+                                   page_size, q_dtype, kv_dtype, kv_layout, window_left,
+                                   {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
+                                    v_scale, num_kv_pages_per_block, num_queries_per_block,
+                                    vmem_limit_bytes, num_threads}});
           },
-          py::arg("kv_lens"), py::arg("page_indices"), py::arg("cu_q_lens"), py::arg("num_seqs"),
-          py::kw_only(), py::arg("num_tokens").none(true), py::arg("num_q_heads"),
-          py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("num_pages"),
-          py::arg("page_size"), py::arg("q_dtype"), py::arg("kv_dtype").none(true),
-          py::arg("kv_layout").none(true), py::arg("window_left").none(true),
-          py::arg("sm_scale").none(true), py::arg("sliding_window").none(true),
-          py::arg("soft_cap").none(true), py::arg("mask_value").none(true),
-          py::arg("k_scale").none(true), py::arg("v_scale").none(true),
-          py::arg("num_kv_pages_per_block").none(true),
-          py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
-          py::arg("num_threads").none(true), "Plans from JAX's page table.")
-      .def(
-          "plan_csr",
-          [](Plan& self, py::handle qo_indptr, py::handle kv_indptr, py::handle kv_indices,
-             py::handle kv_last_page_len, py::object num_tokens, py::object num_q_heads,
-             py::object num_kv_heads, py::object head_dim, py::object num_pages,
-             py::object page_size, py::object q_dtype, py::object kv_dtype, py::object kv_layout,
-             py::object window_left, py::object sm_scale, py::object sliding_window,
-             py::object soft_cap, py::object mask_value, py::object k_scale, py::object v_scale,
-             py::object num_kv_pages_per_block, py::object num_queries_per_block,
-             py::object vmem_limit_bytes, py::object num_threads) {
-            self.PlanCsr(PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
-                                  page_size, q_dtype, kv_dtype, kv_layout, window_left,
-                                  {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
-                                   v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                   vmem_limit_bytes, num_threads}},
-                         qo_indptr, kv_indptr, kv_indices, kv_last_page_len);
-          },
-          py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"),
-          py::arg("kv_last_page_len"), py::kw_only(), py::arg("num_tokens").none(true),
-          py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
-          py::arg("num_pages"), py::arg("page_size"), py::arg("q_dtype"),
+          py::arg("form"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::kw_only(),
+          py::arg("num_tokens").none(true), py::arg("num_q_heads"), py::arg("num_kv_heads"),
+          py::arg("head_dim"), py::arg("num_pages"), py::arg("page_size"), py::arg("q_dtype"),
           py::arg("kv_dtype").none(true), py::arg("kv_layout").none(true),
           py::arg("window_left").none(true), py::arg("sm_scale").none(true),
           py::arg("sliding_window").none(true), py::arg("soft_cap").none(true),
           py::arg("mask_value").none(true), py::arg("k_scale").none(true),
           py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
           py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
-          py::arg("num_threads").none(true), "Plans from FlashInfer's CSR page table.")
+          py::arg("num_threads").none(true),
+          "Plans from JAX's page table (form='jax': kv_lens, page_indices, cu_q_lens, "
+          "num_seqs) or FlashInfer's (form='csr': qo_indptr, kv_indptr, kv_indices, "
+          "kv_last_page_len).")
       .def("run", &Plan::Run, py::arg("q"), py::arg("k"), py::arg("v").none(true),
            py::arg("out"), py::kw_only(), py::arg("sinks").none(true) = py::none(),
            py::arg("lse").none(true) = py::none(), py::arg("k_scale").none(true) = py::none(),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <memory>
 #include <utility>
 
 #include "compute.h"
@@ -29,6 +30,22 @@ void ClearTasks(Plan& plan) {
 // AttentionShape::num_tokens = -1: q holds exactly the batch's rows.
 void ResolveTokens(const AttentionShape& shape, AttentionProblem& p) {
   if (shape.num_tokens == -1) p.num_tokens = p.cu_q_lens[p.num_seqs];
+}
+
+// A plan from a shape: the static checks of `inputs`, the page table
+// checked and copied by `copy` into the spare state, the tasks; then the
+// spare state becomes the plan (a rejected plan leaves the current one).
+template <typename CopyFn>
+void Replan(const AttentionShape& shape, const RaggedInputs& inputs,
+            const AttentionOptions& options, const CopyFn& copy,
+            std::unique_ptr<PlanState>& state, std::unique_ptr<PlanState>& spare) {
+  AttentionProblem problem = StaticValidate(inputs, options);
+  if (!spare) spare = std::make_unique<PlanState>();
+  copy(problem, spare->metadata);
+  ResolveTokens(shape, problem);
+  spare->layout = LayoutOf(shape);
+  BuildTasks(problem, *spare);
+  std::swap(state, spare);
 }
 
 }  // namespace
@@ -105,28 +122,22 @@ AttentionPlan& AttentionPlan::operator=(AttentionPlan&&) noexcept = default;
 void AttentionPlan::Plan(const AttentionShape& shape, const PageTable& page_table,
                          const AttentionOptions& options) {
   internal::CheckPlanOptions(options);
-  internal::AttentionProblem problem =
-      internal::StaticValidate(internal::ShapeInputs(shape, page_table), options);
-  if (!spare_) spare_ = std::make_unique<internal::PlanState>();
-  internal::CopyMetadata(*static_cast<const int32_t*>(page_table.num_seqs.data), {}, problem,
-                         spare_->metadata);
-  internal::ResolveTokens(shape, problem);
-  spare_->layout = internal::LayoutOf(shape);
-  internal::BuildTasks(problem, *spare_);
-  std::swap(state_, spare_);  // Only now: a rejected plan leaves the current one.
+  const int32_t* num_seqs = static_cast<const int32_t*>(page_table.num_seqs.data);
+  internal::Replan(shape, internal::ShapeInputs(shape, page_table), options,
+                   [&](internal::AttentionProblem& problem, internal::MetadataCopy& copy) {
+                     internal::CopyMetadata(*num_seqs, {}, problem, copy);
+                   },
+                   state_, spare_);
 }
 
 void AttentionPlan::Plan(const AttentionShape& shape, const CsrPageTable& page_table,
                          const AttentionOptions& options) {
   internal::CheckPlanOptions(options);
-  internal::AttentionProblem problem =
-      internal::StaticValidate(internal::CsrShapeInputs(shape, page_table), options);
-  if (!spare_) spare_ = std::make_unique<internal::PlanState>();
-  internal::CopyCsrMetadata(page_table, problem, spare_->metadata);
-  internal::ResolveTokens(shape, problem);
-  spare_->layout = internal::LayoutOf(shape);
-  internal::BuildTasks(problem, *spare_);
-  std::swap(state_, spare_);
+  internal::Replan(shape, internal::CsrShapeInputs(shape, page_table), options,
+                   [&](internal::AttentionProblem& problem, internal::MetadataCopy& copy) {
+                     internal::CopyCsrMetadata(page_table, problem, copy);
+                   },
+                   state_, spare_);
 }
 
 namespace {

@@ -801,18 +801,6 @@ AttentionProblem StaticValidatePagedAttention(const TensorView& q, const TensorV
   return p;
 }
 
-AttentionProblem ValidatePagedAttention(const TensorView& q, const TensorView& k_pages,
-                                        const TensorView& v_pages, const TensorView& lengths,
-                                        const TensorView& page_indices,
-                                        const PagedAttentionOptions& options,
-                                        const MutableTensorView& out,
-                                        std::vector<int32_t>& cu_q_lens_storage) {
-  AttentionProblem p = StaticValidatePagedAttention(q, k_pages, v_pages, lengths, page_indices,
-                                                    options, out, cu_q_lens_storage);
-  DynamicValidate(static_cast<int32_t>(p.max_num_seqs), p, kPagedAttentionNames);
-  return p;
-}
-
 }  // namespace rpa::internal
 
 namespace rpa {

@@ -167,13 +167,6 @@ AttentionProblem StaticValidatePagedAttention(const TensorView& q, const TensorV
 // JAX's q_len <= kv_len rule.
 inline constexpr MetadataNames kPagedAttentionNames{"lengths", "pages_per_sequence", false};
 
-// All of paged_attention's checks (the static ones, then DynamicValidate).
-AttentionProblem ValidatePagedAttention(const TensorView& q, const TensorView& k_pages,
-                                        const TensorView& v_pages, const TensorView& lengths,
-                                        const TensorView& page_indices,
-                                        const PagedAttentionOptions& options,
-                                        const MutableTensorView& out,
-                                        std::vector<int32_t>& cu_q_lens_storage);
 
 }  // namespace rpa::internal
 

@@ -35,7 +35,6 @@ namespace {
 using testing::BatchSpec;
 using testing::CacheViews;
 using testing::MakeSyntheticBatch;
-using testing::SequenceShape;
 using testing::SyntheticBatch;
 using testing::ViewsOf;
 
@@ -148,17 +147,16 @@ struct Fixture {
 };
 
 SyntheticBatch MixedBatch(uint64_t seed, DType kv_dtype = DType::kBF16) {
-  BatchSpec spec;
-  spec.num_q_heads = 8;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 40;
-  spec.page_size = 8;
-  spec.kv_dtype = kv_dtype;
-  spec.sequences = {{1, 70}, {9, 9}, {1, 1}, {17, 60}, {0, 12}, {0, 0}, {1, 200}};
-  spec.max_num_seqs = 8;
-  spec.max_num_batched_tokens = 40;  // Padding rows.
-  spec.seed = seed;
-  return MakeSyntheticBatch(spec);
+  return MakeSyntheticBatch(BatchSpec{
+      .num_q_heads = 8,
+      .num_kv_heads = 2,
+      .head_dim = 40,
+      .page_size = 8,
+      .kv_dtype = kv_dtype,
+      .sequences = {{1, 70}, {9, 9}, {1, 1}, {17, 60}, {0, 12}, {0, 0}, {1, 200}},
+      .max_num_seqs = 8,
+      .max_num_batched_tokens = 40,  // Padding rows.
+      .seed = seed});
 }
 
 // ---- Plan + run equals the one-call path.
@@ -200,28 +198,26 @@ TEST(PlanRunTest, ReplansForTheNextStepAndMatchesOneCall) {
   AttentionOptions options;
   options.num_threads = 3;
   for (int step = 0; step < 4; ++step) {
-    BatchSpec spec;
-    spec.num_q_heads = 4;
-    spec.num_kv_heads = 4;
-    spec.head_dim = 32;
-    spec.page_size = 16;
-    spec.sequences = {{step + 1, 30 + 50 * step}, {1, 5 + step}, {3, 3}};
-    spec.seed = 20 + step;
-    const Fixture f(MakeSyntheticBatch(spec));
+    const Fixture f(MakeSyntheticBatch(BatchSpec{
+        .num_q_heads = 4,
+        .num_kv_heads = 4,
+        .head_dim = 32,
+        .page_size = 16,
+        .sequences = {{step + 1, 30 + 50 * step}, {1, 5 + step}, {3, 3}},
+        .seed = static_cast<uint64_t>(20 + step)}));
     plan.Plan(f.Shape({}), TableOf(f.batch), options);
     EXPECT_TRUE(f.Run(plan, {}) == f.OneCall({}, options)) << "step " << step;
   }
 }
 
 TEST(PlanRunTest, NumTokensFromThePageTable) {
-  BatchSpec spec;
-  spec.num_q_heads = 2;
-  spec.num_kv_heads = 1;
-  spec.head_dim = 16;
-  spec.page_size = 4;
-  spec.sequences = {{3, 9}, {1, 4}};
-  spec.kv_dtype = spec.q_dtype = DType::kF32;
-  const Fixture f(MakeSyntheticBatch(spec));
+  const Fixture f(MakeSyntheticBatch(BatchSpec{.num_q_heads = 2,
+                                                .num_kv_heads = 1,
+                                                .head_dim = 16,
+                                                .page_size = 4,
+                                                .q_dtype = DType::kF32,
+                                                .kv_dtype = DType::kF32,
+                                                .sequences = {{3, 9}, {1, 4}}}));
   AttentionShape shape = f.Shape({});
   shape.num_tokens = -1;
   AttentionPlan plan;
@@ -290,15 +286,14 @@ class PlanErrorTest : public ::testing::Test {
     want_ = f_.Run(plan_, {});
   }
   static SyntheticBatch Small() {
-    BatchSpec spec;
-    spec.num_q_heads = 4;
-    spec.num_kv_heads = 2;
-    spec.head_dim = 8;
-    spec.page_size = 4;
-    spec.q_dtype = spec.kv_dtype = DType::kF32;
-    spec.sequences = {{1, 5}, {3, 3}};
-    spec.max_num_batched_tokens = 6;
-    return MakeSyntheticBatch(spec);
+    return MakeSyntheticBatch(BatchSpec{.num_q_heads = 4,
+                                        .num_kv_heads = 2,
+                                        .head_dim = 8,
+                                        .page_size = 4,
+                                        .q_dtype = DType::kF32,
+                                        .kv_dtype = DType::kF32,
+                                        .sequences = {{1, 5}, {3, 3}},
+                                        .max_num_batched_tokens = 6});
   }
   // The call throws exactly `expected` without writing `out`, and the plan
   // still computes what it did.
@@ -402,27 +397,22 @@ TEST_F(PlanErrorTest, RunKScaleNotFinite) {
       "k_scale=inf must be finite. Pass a finite float for k_scale, or None to leave it out.");
 }
 
-TEST_F(PlanErrorTest, PlanOptionsWithSinks) {
-  AttentionOptions options;
-  options.sinks = TensorView(f_.sinks.data(), DType::kF32, {4});
-  ExpectRejected([&](const MutableTensorView&) {
-    plan_.Plan(f_.Shape({}), TableOf(f_.batch), options);
-  },
-                 ErrorKind::kOption,
-                 "options.sinks belongs to each run, not to the plan. Pass sinks to "
-                 "AttentionPlan::Run in RunExtras::sinks (each layer has its own).");
-}
-
-TEST_F(PlanErrorTest, PlanOptionsWithLse) {
+TEST_F(PlanErrorTest, PlanOptionsWithRunExtras) {
   std::vector<float> lse(24);
-  AttentionOptions options;
-  options.lse = MutableTensorView(lse.data(), DType::kF32, {6, 4});
-  ExpectRejected([&](const MutableTensorView&) {
-    plan_.Plan(f_.Shape({}), TableOf(f_.batch), options);
-  },
-                 ErrorKind::kOption,
-                 "options.lse belongs to each run, not to the plan. Pass lse to "
-                 "AttentionPlan::Run in RunExtras::lse (each layer writes its own).");
+  AttentionOptions with_sinks, with_lse;
+  with_sinks.sinks = TensorView(f_.sinks.data(), DType::kF32, {4});
+  with_lse.lse = MutableTensorView(lse.data(), DType::kF32, {6, 4});
+  for (const auto& [options, expected] :
+       {std::pair{with_sinks,
+                  "options.sinks belongs to each run, not to the plan. Pass sinks to "
+                  "AttentionPlan::Run in RunExtras::sinks (each layer has its own)."},
+        std::pair{with_lse,
+                  "options.lse belongs to each run, not to the plan. Pass lse to "
+                  "AttentionPlan::Run in RunExtras::lse (each layer writes its own)."}}) {
+    ExpectRejected(
+        [&](const MutableTensorView&) { plan_.Plan(f_.Shape({}), TableOf(f_.batch), options); },
+        ErrorKind::kOption, expected);
+  }
 }
 
 TEST_F(PlanErrorTest, ShapeExtentBeyondInt32) {
@@ -530,6 +520,13 @@ class CsrErrorTest : public ::testing::Test {
               MutableTensorView(out.data(), DType::kF32, {8, 4, 8}));
     return out;
   }
+  // Planning the valid table after `edit` throws exactly `expected`.
+  void ExpectEditRejected(const std::function<void(CsrPageTable&)>& edit, ErrorKind kind,
+                          const std::string& expected) {
+    CsrPageTable table = Table();
+    edit(table);
+    ExpectRejected(table, kind, expected, Shape());
+  }
   // Planning `table` throws exactly `expected`, and the plan is as it was.
   void ExpectRejected(const CsrPageTable& table, ErrorKind kind, const std::string& expected,
                       const AttentionShape& shape, const AttentionOptions& options = {}) {
@@ -568,61 +565,56 @@ TEST_F(CsrErrorTest, AcceptsTheBatchLikeTheJaxForm) {
 }
 
 TEST_F(CsrErrorTest, QoIndptrRank2) {
-  CsrPageTable t = Table();
-  t.qo_indptr = TensorView(qo_indptr_.data(), DType::kI32, {2, 2});
-  ExpectRejected(t, ErrorKind::kShape,
-                 "qo_indptr.shape=(2, 2) must have 1 dimensions [batch_size + 1]. Pass qo_indptr "
-                 "as a 1-dimensional array [batch_size + 1].",
-                 Shape());
+  ExpectEditRejected(
+      [&](CsrPageTable& t) {
+        t.qo_indptr = TensorView(qo_indptr_.data(), DType::kI32, {2, 2});
+      },
+      ErrorKind::kShape,
+      "qo_indptr.shape=(2, 2) must have 1 dimensions [batch_size + 1]. Pass qo_indptr "
+      "as a 1-dimensional array [batch_size + 1].");
 }
 
 TEST_F(CsrErrorTest, QoIndptrEmpty) {
-  CsrPageTable t = Table();
-  t.qo_indptr.shape[0] = 0;
-  ExpectRejected(t, ErrorKind::kShape,
-                 "qo_indptr.shape=(0,) must have at least one entry. qo_indptr has batch_size + "
-                 "1 entries, from qo_indptr[0] = 0; an empty batch is qo_indptr = [0].",
-                 Shape());
+  ExpectEditRejected(
+      [&](CsrPageTable& t) { t.qo_indptr.shape[0] = 0; }, ErrorKind::kShape,
+      "qo_indptr.shape=(0,) must have at least one entry. qo_indptr has batch_size + "
+      "1 entries, from qo_indptr[0] = 0; an empty batch is qo_indptr = [0].");
 }
 
 TEST_F(CsrErrorTest, KvIndptrShape) {
-  CsrPageTable t = Table();
-  t.kv_indptr.shape[0] = 3;
-  ExpectRejected(t, ErrorKind::kShape,
-                 "kv_indptr.shape=(3,) must be the same as qo_indptr.shape=(4,). Give kv_indptr "
-                 "one entry per sequence plus one, like qo_indptr.",
-                 Shape());
+  ExpectEditRejected(
+      [&](CsrPageTable& t) { t.kv_indptr.shape[0] = 3; }, ErrorKind::kShape,
+      "kv_indptr.shape=(3,) must be the same as qo_indptr.shape=(4,). Give kv_indptr "
+      "one entry per sequence plus one, like qo_indptr.");
 }
 
 TEST_F(CsrErrorTest, LastPageLenShape) {
-  CsrPageTable t = Table();
-  t.kv_last_page_len.shape[0] = 2;
-  ExpectRejected(t, ErrorKind::kShape,
-                 "kv_last_page_len.shape=(2,) must be (batch_size=3,). Give kv_last_page_len one "
-                 "entry per sequence: qo_indptr.shape[0] - 1.",
-                 Shape());
+  ExpectEditRejected(
+      [&](CsrPageTable& t) { t.kv_last_page_len.shape[0] = 2; }, ErrorKind::kShape,
+      "kv_last_page_len.shape=(2,) must be (batch_size=3,). Give kv_last_page_len one "
+      "entry per sequence: qo_indptr.shape[0] - 1.");
 }
 
 TEST_F(CsrErrorTest, KvIndicesInt64) {
-  CsrPageTable t = Table();
-  t.kv_indices = TensorView(wide_.data(), DType::kI64, {4});
-  ExpectRejected(t, ErrorKind::kDtype,
-                 "The dtype of `qo_indptr`, `kv_indptr`, `kv_indices` and `kv_last_page_len` "
-                 "must be int32. Got qo_indptr.dtype=dtype('int32'), "
-                 "kv_indptr.dtype=dtype('int32'), kv_indices.dtype=dtype('int64'), "
-                 "kv_last_page_len.dtype=dtype('int32'). Cast them to int32 (FlashInfer keeps "
-                 "them as torch.int32).",
-                 Shape());
+  ExpectEditRejected(
+      [&](CsrPageTable& t) { t.kv_indices = TensorView(wide_.data(), DType::kI64, {4}); },
+      ErrorKind::kDtype,
+      "The dtype of `qo_indptr`, `kv_indptr`, `kv_indices` and `kv_last_page_len` "
+      "must be int32. Got qo_indptr.dtype=dtype('int32'), "
+      "kv_indptr.dtype=dtype('int32'), kv_indices.dtype=dtype('int64'), "
+      "kv_last_page_len.dtype=dtype('int32'). Cast them to int32 (FlashInfer keeps "
+      "them as torch.int32).");
 }
 
 TEST_F(CsrErrorTest, KvIndicesStrided) {
-  CsrPageTable t = Table();
-  t.kv_indices = TensorView(kv_indices_.data(), DType::kI32, {2}, {2});
-  ExpectRejected(t, ErrorKind::kLayout,
-                 "kv_indices must be contiguous in its last dimension; got "
-                 "kv_indices.strides=(2,) (in elements). Pass a view of kv_indices whose last "
-                 "stride is 1 (other strides are free), or a contiguous copy.",
-                 Shape());
+  ExpectEditRejected(
+      [&](CsrPageTable& t) {
+        t.kv_indices = TensorView(kv_indices_.data(), DType::kI32, {2}, {2});
+      },
+      ErrorKind::kLayout,
+      "kv_indices must be contiguous in its last dimension; got "
+      "kv_indices.strides=(2,) (in elements). Pass a view of kv_indices whose last "
+      "stride is 1 (other strides are free), or a contiguous copy.");
 }
 
 TEST_F(CsrErrorTest, QoIndptrNotFromZero) {

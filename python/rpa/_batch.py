@@ -15,6 +15,17 @@ from . import _rpa
 from ._api import _as_array, _as_codes, _dtype_name, _empty_like, _error, _is_array, _lse_like
 
 _LAYOUTS = ("combined", "NHD", "HND")
+# plan()'s options beyond the shape, each None when not given.
+_PLAN_OPTIONS = ("sliding_window", "window_left", "soft_cap", "mask_value", "k_scale", "v_scale",
+                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes")
+
+
+def _unknown(options):
+  """Raises TypeError for a keyword plan() does not take."""
+  extra = sorted(set(options) - set(_PLAN_OPTIONS))
+  if extra:
+    raise TypeError(f"plan() got an unexpected keyword argument {extra[0]!r}")
+  return {}
 
 
 def _name(dtype):
@@ -59,38 +70,35 @@ class BatchAttention:
                    "head_dim]; 'NHD' and 'HND' are separate K and V caches (vLLM, FlashInfer).")
     self._kv_layout = kv_layout
     self._num_threads = num_threads
-    self._plan = _rpa.AttentionPlan()
+    self._plan_object = _rpa.AttentionPlan()
 
   @property
   def kv_layout(self) -> str:
     return self._kv_layout
 
-  def _options(self, num_q_heads, num_kv_heads, head_dim, page_size, num_pages, q_dtype,
-               kv_dtype, num_tokens, options):
-    return dict(num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                head_dim=head_dim, num_pages=num_pages, page_size=page_size,
-                q_dtype=_dtype_name(q_dtype), kv_dtype=_name(kv_dtype),
-                kv_layout=None if self._kv_layout == "combined" else self._kv_layout,
-                num_threads=self._num_threads, **options)
+  def _plan(self, form, tables, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
+            page_size: int, num_pages: int, q_dtype, kv_dtype=None, num_tokens=None,
+            sm_scale: float = 1.0, **options):
+    self._plan_object.plan(
+        form, *(_as_array(t) for t in tables), num_tokens=num_tokens, num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, num_pages=num_pages,
+        page_size=page_size, q_dtype=_dtype_name(q_dtype), kv_dtype=_name(kv_dtype),
+        kv_layout=None if self._kv_layout == "combined" else self._kv_layout,
+        num_threads=self._num_threads, sm_scale=sm_scale,
+        **{name: options.get(name) for name in _PLAN_OPTIONS}, **_unknown(options))
 
-  def plan(self, kv_lens, page_indices, cu_q_lens, num_seqs, *, num_q_heads: int,
-           num_kv_heads: int, head_dim: int, page_size: int, num_pages: int, q_dtype,
-           kv_dtype=None, num_tokens: int | None = None, sm_scale: float = 1.0,
-           sliding_window: int | None = None, window_left: int | None = None,
-           soft_cap: float | None = None, mask_value: float | None = None,
-           k_scale: float | None = None, v_scale: float | None = None,
-           num_kv_pages_per_block: int | None = None, num_queries_per_block: int | None = None,
-           vmem_limit_bytes: int | None = None) -> None:
+  def plan(self, kv_lens, page_indices, cu_q_lens, num_seqs, **shape_and_options) -> None:
     """Plans the step from JAX's page table (or vLLM's, see vllm_page_table).
 
     Args:
       kv_lens, page_indices, cu_q_lens, num_seqs: as for
         rpa.ragged_paged_attention (int32).
+      Keyword-only:
       num_q_heads, num_kv_heads, head_dim, page_size: the model's and the
-        cache's.
+        cache's (required).
       num_pages: the cache's total_num_pages: every page index read must be
-        below it.
-      q_dtype: q's (and out's) dtype, or its name ("bfloat16").
+        below it (required).
+      q_dtype: q's (and out's) dtype, or its name ("bfloat16") (required).
       kv_dtype: the cache's; None for q_dtype. A quantized cache
         ("float8_e4m3fn", "float8_e5m2", "int8") may then be run as uint8
         codes.
@@ -99,35 +107,22 @@ class BatchAttention:
         batch's tokens, cu_q_lens[num_seqs[0]].
       sliding_window: keys a query sees, its own included; or
       window_left: FlashInfer's, sliding_window - 1 (-1: no window).
-      sm_scale, soft_cap, mask_value, k_scale, v_scale,
+      sm_scale (1.0), soft_cap, mask_value, k_scale, v_scale,
       num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes: as
         for rpa.ragged_paged_attention; k_scale / v_scale are the runs'
         defaults.
 
+    Returns:
+      None.
+
     Raises:
       ValueError (rpa.Error): the library's message for any invalid input;
-        the previous plan is kept.
+        the previous plan is kept. TypeError: a keyword plan() does not take.
     """
-    self._plan.plan_jax(
-        _as_array(kv_lens), _as_array(page_indices), _as_array(cu_q_lens), _as_array(num_seqs),
-        **self._options(num_q_heads, num_kv_heads, head_dim, page_size, num_pages, q_dtype,
-                        kv_dtype, num_tokens, dict(
-                            window_left=window_left, sm_scale=sm_scale,
-                            sliding_window=sliding_window, soft_cap=soft_cap,
-                            mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
-                            num_kv_pages_per_block=num_kv_pages_per_block,
-                            num_queries_per_block=num_queries_per_block,
-                            vmem_limit_bytes=vmem_limit_bytes)))
+    self._plan("jax", (kv_lens, page_indices, cu_q_lens, num_seqs), **shape_and_options)
 
-  def plan_csr(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *, num_q_heads: int,
-               num_kv_heads: int, head_dim: int, page_size: int, num_pages: int, q_dtype,
-               kv_dtype=None, num_tokens: int | None = None, sm_scale: float = 1.0,
-               sliding_window: int | None = None, window_left: int | None = None,
-               soft_cap: float | None = None, mask_value: float | None = None,
-               k_scale: float | None = None, v_scale: float | None = None,
-               num_kv_pages_per_block: int | None = None,
-               num_queries_per_block: int | None = None,
-               vmem_limit_bytes: int | None = None) -> None:
+  def plan_csr(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+               **shape_and_options) -> None:
     """Plans the step from FlashInfer's CSR page table, read natively.
 
     Sequence i has query rows qo_indptr[i]:qo_indptr[i+1], pages
@@ -137,20 +132,17 @@ class BatchAttention:
     FlashInfer's rules are checked (indptrs from 0, never decreasing;
     1 <= kv_last_page_len <= page_size for a sequence with pages, 0 for one
     without; indices in [0, num_pages)), and rpa's q_len <= kv_len.
-    num_tokens=None is qo_indptr[-1]: FlashInfer's q. The keywords are
-    plan()'s.
+
+    Args:
+      qo_indptr, kv_indptr, kv_indices, kv_last_page_len: the page table.
+      Keyword-only: plan()'s; num_tokens=None is qo_indptr[-1], FlashInfer's
+        q.
+
+    Returns:
+      None.
     """
-    self._plan.plan_csr(
-        _as_array(qo_indptr), _as_array(kv_indptr), _as_array(kv_indices),
-        _as_array(kv_last_page_len),
-        **self._options(num_q_heads, num_kv_heads, head_dim, page_size, num_pages, q_dtype,
-                        kv_dtype, num_tokens, dict(
-                            window_left=window_left, sm_scale=sm_scale,
-                            sliding_window=sliding_window, soft_cap=soft_cap,
-                            mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
-                            num_kv_pages_per_block=num_kv_pages_per_block,
-                            num_queries_per_block=num_queries_per_block,
-                            vmem_limit_bytes=vmem_limit_bytes)))
+    self._plan("csr", (qo_indptr, kv_indptr, kv_indices, kv_last_page_len),
+               **shape_and_options)
 
   def _caches(self, kv_pages):
     """(k_or_kv, v_or_None) as the wrapper's layout takes them."""
@@ -204,7 +196,7 @@ class BatchAttention:
     if out is None:
       out = _empty_like(q)
     lse = _lse_like(q) if return_lse else None
-    result = self._plan.run(q, k, v, out, sinks=None if sinks is None else _as_array(sinks),
+    result = self._plan_object.run(q, k, v, out, sinks=None if sinks is None else _as_array(sinks),
                             lse=lse, k_scale=k_scale, v_scale=v_scale, kv_dtype=own)
     return (result, lse) if return_lse else result
 
@@ -213,7 +205,7 @@ class BatchAttention:
     """The plan: shape (num_tokens resolved), num_seqs, num_threads, the
     tiles (num_kv_pages_per_block, num_queries_per_block) and the kernels;
     planned=False before the first plan."""
-    return self._plan.info()
+    return self._plan_object.info()
 
 
 def vllm_page_table(query_start_loc, seq_lens, block_table, num_seqs=None):
