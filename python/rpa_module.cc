@@ -1163,6 +1163,7 @@ PYBIND11_MODULE(_rpa, m) {
   build["pybind11"] = std::to_string(PYBIND11_VERSION_MAJOR) + "." +
                       std::to_string(PYBIND11_VERSION_MINOR) + "." +
                       std::to_string(PYBIND11_VERSION_PATCH);
+  build["kernels"] = rpa::DescribeKernels(rpa::DType::kBF16);
   m.attr("build_info") = build;
 
   m.def(

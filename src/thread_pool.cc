@@ -1,9 +1,27 @@
 #include "thread_pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
+#include "cpu_budget.h"
+#include "kernel/amx.h"
+#include "rpa/threads.h"
+#include "thread_affinity.h"
+
 namespace rpa::internal {
+namespace {
+
+// A thread that ran AMX tiles gives their state back before it sleeps (a
+// pool worker) or returns to the caller's code, so idle threads carry no
+// 8 KiB tile state and the next call reloads the configuration.
+void ReleaseThreadTileState() {
+#if defined(__x86_64__)
+  AmxReleaseTiles();
+#endif
+}
+
+}  // namespace
 
 ThreadPool::~ThreadPool() {
   {
@@ -18,7 +36,29 @@ void ThreadPool::EnsureThreads(int num_threads) {
   while (static_cast<int>(threads_.size()) < num_threads) {
     const int worker = static_cast<int>(threads_.size()) + 1;
     threads_.emplace_back([this, worker] { WorkerLoop(worker); });
+    // A thread starts with its creator's mask: what unbinding restores.
+    if (binding_ != nullptr) start_cpus_.push_back(ThreadCpus(threads_.back().native_handle()));
+    pinned_cpu_.push_back(-1);
   }
+}
+
+void ThreadPool::ApplyBinding() {
+  if (binding_ == nullptr) return;
+  const uint64_t version = binding_->version();
+  if (version == applied_version_ && applied_threads_ == threads_.size()) return;
+  const std::vector<int> cpus = binding_->cpus();
+  for (size_t t = 0; t < threads_.size(); ++t) {
+    const size_t worker = t + 1;  // Worker 0 is the caller.
+    const int want = worker < cpus.size() ? cpus[worker] : -1;
+    if (want == pinned_cpu_[t]) continue;
+    // A refusal (a CPU taken offline since the list was checked) leaves the
+    // thread where it was: past validation a call no longer fails.
+    const bool done = want >= 0 ? SetThreadCpus(threads_[t].native_handle(), {want})
+                                : SetThreadCpus(threads_[t].native_handle(), start_cpus_[t]);
+    if (done) pinned_cpu_[t] = want;
+  }
+  applied_version_ = version;
+  applied_threads_ = threads_.size();
 }
 
 void ThreadPool::RunTasks(int worker) {
@@ -41,6 +81,7 @@ void ThreadPool::WorkerLoop(int worker) {
       seen = generation_;
     }
     RunTasks(worker);
+    ReleaseThreadTileState();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (--pending_ == 0) done_cv_.notify_one();
@@ -53,12 +94,14 @@ void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, Ta
   if (num_workers > num_tasks) num_workers = static_cast<int>(num_tasks);
   if (num_workers <= 1) {
     for (int64_t task = 0; task < num_tasks; ++task) fn(context, task, 0);
+    ReleaseThreadTileState();
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     EnsureThreads(num_workers - 1);
+    ApplyBinding();
     context_ = context;
     fn_ = fn;
     num_tasks_ = num_tasks;
@@ -69,6 +112,7 @@ void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, Ta
   }
   start_cv_.notify_all();
   RunTasks(0);
+  ReleaseThreadTileState();
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   context_ = nullptr;
@@ -76,7 +120,8 @@ void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, Ta
 }
 
 ThreadPool& GlobalThreadPool() {
-  static ThreadPool* pool = new ThreadPool();  // Never destroyed: usable at exit.
+  // Never destroyed: usable at exit.
+  static ThreadPool* pool = new ThreadPool(&ProcessCpuBinding());
   return *pool;
 }
 
@@ -89,8 +134,15 @@ int ResolveNumThreads(int requested) {
       return static_cast<int>(value);
     }
   }
-  const unsigned cores = std::thread::hardware_concurrency();
-  return cores == 0 ? 1 : static_cast<int>(cores);
+  const int budget = ProcessCpuBudget().cpus;
+  const int bound = ProcessCpuBinding().size();
+  return bound > 0 ? std::min(budget, bound) : budget;
 }
 
 }  // namespace rpa::internal
+
+namespace rpa {
+
+int DefaultNumThreads() { return internal::ResolveNumThreads(0); }
+
+}  // namespace rpa

@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "cpu_binding.h"
+
 namespace rpa::internal {
 
 class ThreadPool {
@@ -25,7 +27,9 @@ class ThreadPool {
   // a run allocates nothing.
   using TaskFn = void (*)(const void* context, int64_t task, int worker);
 
-  ThreadPool() = default;
+  // binding: where to pin the workers (worker w >= 1 on its CPU, re-pinned
+  // at the next ParallelFor after it changes); null: never pinned.
+  explicit ThreadPool(const CpuBinding* binding = nullptr) : binding_(binding) {}
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -45,6 +49,7 @@ class ThreadPool {
  private:
   void Run(int64_t num_tasks, int num_workers, const void* context, TaskFn fn);
   void EnsureThreads(int num_threads);  // Threads besides the caller.
+  void ApplyBinding();                  // Under call_mutex_.
   void WorkerLoop(int worker);
   void RunTasks(int worker);
 
@@ -61,13 +66,21 @@ class ThreadPool {
   TaskFn fn_ = nullptr;
   int64_t num_tasks_ = 0;
   std::atomic<int64_t> next_task_{0};
+
+  // Pinning; all guarded by call_mutex_.
+  const CpuBinding* binding_ = nullptr;
+  uint64_t applied_version_ = 0;
+  size_t applied_threads_ = 0;                 // Threads the binding was applied to.
+  std::vector<int> pinned_cpu_;                // Per thread: its CPU, or -1 unpinned.
+  std::vector<std::vector<int>> start_cpus_;   // Per thread: its mask when started.
 };
 
-// The process-wide pool the kernel uses.
+// The process-wide pool the kernel uses, pinned by ProcessCpuBinding().
 ThreadPool& GlobalThreadPool();
 
 // problem.num_threads if > 0, else RPA_NUM_THREADS if a positive integer,
-// else std::thread::hardware_concurrency() (at least 1).
+// else the process's CPU budget (affinity mask and cgroup quota,
+// cpu_budget.h), at most the number of bound CPUs when workers are bound.
 int ResolveNumThreads(int requested);
 
 }  // namespace rpa::internal

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "cpu_binding.h"
 #include "format.h"
 #include "validate_internal.h"
 
@@ -96,6 +97,9 @@ void CheckMaskValue(double mask_value, std::string_view name) {
 }
 
 void CheckThreads(const std::optional<int>& num_threads) {
+  // An invalid RPA_CPU_BIND fails the first call (and every one after), here,
+  // before anything is written.
+  ProcessCpuBinding().Check();
   if (!num_threads) return;
   RPA_CHECK(*num_threads > 0, ErrorKind::kOption,
             StrCat(NameEq("num_threads", *num_threads), " must be positive."),

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernel/amx.h"
 #include "kernel/cpu_features.h"
 #include "thread_pool.h"
 
@@ -187,6 +188,26 @@ double PeakGflops(double (*kernel)(int64_t), int threads, int reps, int64_t iter
   return Best(results);
 }
 
+#if defined(__x86_64__)
+// The AMX bf16 peak (tdpbf16ps on full tiles, amx.h's probe) on `threads`
+// threads at once, best of reps; each probe releases its tiles.
+double AmxPeakGflops(int threads, int reps, double seconds) {
+  internal::ThreadPool& pool = internal::GlobalThreadPool();
+  std::vector<double> results;
+  std::vector<double> rate(static_cast<size_t>(threads));
+  for (int r = 0; r < reps; ++r) {
+    pool.ParallelFor(threads, threads, [&](int64_t task, int) {
+      rate[task] = internal::AmxBf16PeakGflops(seconds);
+      internal::AmxReleaseTiles();
+    });
+    double total = 0.0;
+    for (double x : rate) total += x;
+    results.push_back(total);
+  }
+  return Best(results);
+}
+#endif
+
 }  // namespace
 
 HugeBuffer::HugeBuffer(size_t bytes) : size(bytes) {
@@ -218,6 +239,10 @@ double MachineLimits::PeakGflops(DType kv_dtype, bool all_threads) const {
   // f16 and the 8-bit floats are exact in f16 (bf16 is not: its range is
   // wider); the kernel's fp8 decode tiles multiply in f16.
   if (kv_dtype == DType::kF16 || fp8) peak = std::max(peak, fma_f16_gflops[i]);
+  // AMX takes bf16: bf16, the 8-bit floats and int8 are exact in it.
+  if (kv_dtype == DType::kBF16 || fp8 || kv_dtype == DType::kI8) {
+    peak = std::max(peak, amx_bf16_gflops[i]);
+  }
   return peak;
 }
 
@@ -260,6 +285,9 @@ MachineLimits MeasureMachine(int threads, bool quick) {
     if (limits.avx512_fp16) {
       limits.fma_f16_gflops[i] = PeakGflops(FmaF16, counts[i], reps, iters);
     }
+    if (internal::DetectedCpuFeatures().amx_bf16) {
+      limits.amx_bf16_gflops[i] = AmxPeakGflops(counts[i], reps, quick ? 0.02 : 0.06);
+    }
 #endif
   }
   limits.seconds = Seconds(start, Clock::now());
@@ -273,6 +301,7 @@ MachineLimits HigherLimits(const MachineLimits& a, const MachineLimits& b) {
     m.fma_f32_gflops[i] = std::max(a.fma_f32_gflops[i], b.fma_f32_gflops[i]);
     m.bf16_dot_gflops[i] = std::max(a.bf16_dot_gflops[i], b.bf16_dot_gflops[i]);
     m.fma_f16_gflops[i] = std::max(a.fma_f16_gflops[i], b.fma_f16_gflops[i]);
+    m.amx_bf16_gflops[i] = std::max(a.amx_bf16_gflops[i], b.amx_bf16_gflops[i]);
   }
   m.seconds = a.seconds + b.seconds;
   return m;

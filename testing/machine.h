@@ -1,7 +1,7 @@
 // This machine's limits, measured (docs/contract.md §5): streaming read bandwidth over a
 // buffer several times the last-level cache, the f32 FMA peak, and the bf16
-// dot peak (vdpbf16ps) and the f16 FMA peak (vfmadd231ph) where the CPU has
-// them, each on one thread and on
+// dot peak (vdpbf16ps), the f16 FMA peak (vfmadd231ph) and the AMX bf16 peak
+// (tdpbf16ps) where the CPU has them, each on one thread and on
 // `threads` threads at once. `rpa bench` reports its workloads as fractions
 // of these; `rpa demo` can print its speed against them.
 #ifndef RPA_TESTING_MACHINE_H_
@@ -24,6 +24,7 @@ struct MachineLimits {
   double fma_f32_gflops[2] = {0, 0};   // Best of the AVX2 and AVX-512 FMA loops.
   double bf16_dot_gflops[2] = {0, 0};  // 0: no bf16 dot on this CPU.
   double fma_f16_gflops[2] = {0, 0};   // 0: no AVX512-FP16 on this CPU.
+  double amx_bf16_gflops[2] = {0, 0};  // 0: no usable AMX (tdpbf16ps) on this CPU.
   double seconds = 0;                  // How long the measurement took.
 
   // Peak GFLOP/s of the fastest arithmetic this CPU offers for attention on

@@ -148,12 +148,15 @@ CacheViews ViewsOf(const TensorView& kv) {
 
 double ToleranceRatio(const SyntheticBatch& batch, const std::vector<uint8_t>& a,
                       const std::vector<uint8_t>& b, double tolerance) {
-  const DType dtype = batch.spec.q_dtype;
-  const int64_t count = batch.num_tokens * batch.spec.num_q_heads * batch.spec.head_dim;
+  return ToleranceRatio(batch.spec.q_dtype, a.data(), b.data(),
+                        batch.num_tokens * batch.spec.num_q_heads * batch.spec.head_dim, tolerance);
+}
+
+double ToleranceRatio(DType dtype, const void* a, const void* b, int64_t count, double tolerance) {
   double worst = 0.0;
   for (int64_t i = 0; i < count; ++i) {
-    const double got = LoadAsF32(dtype, a.data(), i);
-    const double want = LoadAsF32(dtype, b.data(), i);
+    const double got = LoadAsF32(dtype, a, i);
+    const double want = LoadAsF32(dtype, b, i);
     const double ratio = std::fabs(got - want) /
                          (tolerance + OutputUlp(dtype) * std::fabs(want));
     if (std::isnan(ratio)) return NAN;

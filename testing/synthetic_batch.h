@@ -83,6 +83,9 @@ double MaxAbsDifference(const SyntheticBatch& batch, const std::vector<uint8_t>&
 double ToleranceRatio(const SyntheticBatch& batch, const std::vector<uint8_t>& a,
                       const std::vector<uint8_t>& b, double tolerance);
 
+// The same over `count` elements of `dtype` at a and b (b the reference).
+double ToleranceRatio(DType dtype, const void* a, const void* b, int64_t count, double tolerance);
+
 }  // namespace rpa::testing
 
 #endif  // RPA_TESTING_SYNTHETIC_BATCH_H_

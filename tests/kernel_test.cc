@@ -288,6 +288,48 @@ TEST(KernelWideTest, RandomGridMatchesReference) {
   CheckGrid(82, 6 * kGridScale, {DType::kF16});
 }
 
+// ---- The bf16 prefill kernels (avx512_bf16_packed; amx_prefill on its
+// scalar tile model, AMX tiles or not): the grid with bf16 q (their only q)
+// and K/V they take exactly, every
+// query tile of every sequence a prefill task (>= 32 rows per kv head), so
+// the packs, the row padding, the in-place bf16 weights and the softmax
+// between the products all run against the reference.
+void CheckBf16PrefillGrid(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 6 * kGridScale * SoakScale(); ++i) {
+    for (DType kv : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}) {
+      Case c = RandomCase(rng, kv);
+      c.spec.q_dtype = DType::kBF16;
+      const int64_t group = c.spec.num_q_heads / c.spec.num_kv_heads;
+      const int64_t q_block = (kPackedMinRows + group - 1) / group;  // Tokens per prefill tile.
+      c.options.num_queries_per_block = q_block;
+      for (SequenceShape& s : c.spec.sequences) {
+        if (s.q_len > 0) s.q_len = std::min<int32_t>(s.kv_len, static_cast<int32_t>(q_block));
+      }
+      int64_t tokens = 0;
+      for (const SequenceShape& s : c.spec.sequences) tokens += s.q_len;
+      c.spec.max_num_batched_tokens = std::max<int64_t>(tokens, 1);
+      const SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
+      ExpectClose(c, b, RunCase(c, b, /*fast=*/true), RunCase(c, b, /*fast=*/false));
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+TEST(KernelAmxTest, PrefillGridMatchesReference) {
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "the tile model needs AVX-512 BF16";
+  ScopedAmxEmulation emulate;
+  CheckBf16PrefillGrid(83);
+}
+
+// The AVX-512 BF16 packed prefill kernel, where dispatch chooses it.
+TEST(KernelBf16PackedTest, PrefillGridMatchesReference) {
+  if (!DetectedCpuFeatures().fast_bf16_dot) {
+    GTEST_SKIP() << "dispatch chooses avx512_bf16_packed only where vdpbf16ps runs at full rate";
+  }
+  CheckBf16PrefillGrid(84);
+}
+
 // Decode batches, where the widening path takes the fused tile
 // (avx512_wide_decode, or for 8-bit floats avx512fp16_decode where the CPU
 // has AVX512-FP16, checked with it hidden and not): 1-8 q heads per kv
@@ -726,8 +768,10 @@ TEST(KernelWideTest, HalfDecodeTileTakesTheLargestCodes) {
 // mask, against the dispatch table written out in dispatch.h (what the
 // grids above then check numerically under the same masks).
 TEST(KernelDispatchTest, ReportsTheTableRow) {
-  auto report = [](DType kv, std::vector<SequenceShape> seqs, bool soft_cap) {
+  auto report = [](DType kv, std::vector<SequenceShape> seqs, bool soft_cap,
+                   DType q = DType::kF32) {
     BatchSpec spec;
+    spec.q_dtype = q;
     spec.kv_dtype = kv;
     spec.num_q_heads = 8;
     spec.num_kv_heads = 2;
@@ -755,6 +799,23 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   EXPECT_EQ(report(DType::kI8, middle, false), "middle: highway_rows");
   EXPECT_EQ(report(DType::kF16, prefill, false), "prefill: highway_packed");
   EXPECT_EQ(report(DType::kF32, middle, false), "middle: highway_rows");
+  if (DetectedCpuFeatures().fast_bf16_dot) {
+    EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16), "prefill: avx512_bf16_packed");
+    EXPECT_EQ(report(DType::kF8E5M2, prefill, true, DType::kBF16), "prefill: avx512_bf16_packed");
+    CpuFeatures slow_dot = kAllCpuFeatures;
+    slow_dot.fast_bf16_dot = false;
+    ScopedCpuFeatureMask mask(slow_dot);
+    EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16), "prefill: highway_packed");
+  }
+  if (DetectedCpuFeatures().avx512bf16) {
+    ScopedAmxEmulation emulate;
+    EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16),
+              "prefill: amx_prefill (emulated)");
+    EXPECT_EQ(report(DType::kI8, prefill, false, DType::kBF16),
+              "prefill: amx_prefill (emulated)");
+    EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kF32), "prefill: highway_packed");
+    EXPECT_EQ(report(DType::kF16, prefill, false, DType::kBF16), "prefill: highway_packed");
+  }
   if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
   EXPECT_EQ(report(DType::kBF16, decode, false), "decode: avx512_wide_decode > avx512_wide");
   EXPECT_EQ(report(DType::kBF16, decode, true), "decode: avx512_wide");
@@ -774,6 +835,28 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   EXPECT_EQ(report(DType::kF8E4M3FN, decode, false),
             "decode: avx512fp16_decode > avx512_wide_decode > avx512_wide");
   EXPECT_EQ(report(DType::kF8E5M2, decode, true), "decode: avx512_wide");
+}
+
+// The public description names the features, AMX's status and each class's
+// kernels, as dispatch chooses them on this thread.
+TEST(KernelDispatchTest, DescribeKernelsNamesEveryClass) {
+  const std::string all = rpa::DescribeKernels(DType::kBF16);
+  EXPECT_NE(all.find("cpu features: " + DetectedCpuFeatures().ToString()), std::string::npos)
+      << all;
+  EXPECT_NE(all.find("amx: " + AmxDetection()), std::string::npos) << all;
+  for (const char* c : {"decode: ", "middle: ", "prefill: "}) {
+    EXPECT_NE(all.find(c), std::string::npos) << all;
+  }
+  {
+    ScopedCpuFeatureMask portable(kNoCpuFeatures);
+    EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("prefill: highway_packed"),
+              std::string::npos);
+  }
+  if (!DetectedCpuFeatures().avx512bf16) return;
+  ScopedAmxEmulation emulate;
+  EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("prefill: amx_prefill (emulated)"),
+            std::string::npos)
+      << rpa::DescribeKernels(DType::kBF16);
 }
 
 // A feature mask is scoped and per thread: it ends with its scope and never

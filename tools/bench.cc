@@ -12,8 +12,11 @@
 // head)), frac_of_limit = roofline time / measured time with roofline time =
 // max(bytes / bandwidth, FLOPs / peak of the fastest arithmetic for the K/V
 // dtype), and speedup_vs_naive against a single-threaded gather + unfused
-// QK^T, softmax, PV run in the same process. The layers workload (RunLayers)
-// runs one step over 32 layers planned once against one call per layer.
+// QK^T, softmax, PV run in the same process; prefill and mixed also report
+// speedup_vs_onednn against testing/onednn_peer.h (oneDNN's bf16 matmuls and
+// a plain softmax, gather included) on the same thread count. The layers
+// workload (RunLayers) runs one step over 32 layers planned once against one
+// call per layer.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,14 +24,17 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "commands.h"
 #include "compute.h"
+#include "kernel/cpu_features.h"
 #include "rpa/rpa.h"
 #include "testing/machine.h"
+#include "testing/onednn_peer.h"
 #include "testing/synthetic_batch.h"
 #include "testing/workloads.h"
 #include "thread_pool.h"
@@ -176,6 +182,12 @@ struct Result {
   double ms = 0, tokens_per_s = 0, gbs = 0, gflops = 0, roofline_ms = 0, frac = 0;
   double naive_ms = 0, speedup = 0;
   double hot_ms = 0;  // --hot: every page index 0, K/V in the core's caches.
+  // testing/onednn_peer.h on the same thread count; onednn_peer: the
+  // workload is one it runs (prefill, mixed); onednn_ms < 0: not built.
+  bool onednn_peer = false;
+  double onednn_ms = -1, onednn_max_abs_diff = 0, onednn_tolerance_ratio = 0;
+  testing::OnednnPeerPhases onednn_phases;  // Each phase's median over the timed calls.
+  std::string onednn_impl;
   const char* bound = "";
   int copies = 0, reps = 0, naive_sample = 1;
   double kv_bytes = 0, flops = 0;
@@ -187,6 +199,9 @@ struct Result {
   int layers = 0;
   double one_call_ms = 0, min_ms = 0, one_call_min_ms = 0, speedup_vs_one_call = 0;
   double per_layer_overhead_us = 0, plan_us = 0;
+  // The same workload with AMX hidden from dispatch (the best path without
+  // it), where the call ran an AMX kernel; 0: it did not.
+  double no_amx_ms = 0;
 };
 
 // Roofline, bound and frac_of_limit of r against `limits`.
@@ -304,6 +319,51 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
             batch.Q(), kv_view,
             PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}),
         options, batch.OutView(out)));
+    if (r.path.find("amx") != std::string::npos) {
+      internal::CpuFeatures no_amx = internal::kAllCpuFeatures;
+      no_amx.amx_bf16 = false;
+      const internal::ScopedCpuFeatureMask hide_amx(no_amx);
+      call();  // Warm up the other path's scratch.
+      r.no_amx_ms = time_calls(call) * 1e3;
+    }
+    // The oneDNN peer (testing/onednn_peer.h), checked against this run's
+    // output on the same batch, then timed on the same rotating copies.
+    r.onednn_peer = w.name == "prefill" || w.name == "mixed";
+    if (r.onednn_peer && testing::GetOnednnPeerInfo().available) {
+      Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +
+               " threads=" + std::to_string(threads) + ": oneDNN peer");
+      testing::OnednnPeer peer(batch, threads, options.sm_scale);
+      std::vector<uint8_t> peer_out = batch.NewOutput();
+      peer.Run(batch.kv_pages.data(), peer_out.data());
+      // Within 2e-2 plus one bf16 ulp of rpa's value (both outputs are
+      // rounded to bf16; a 1-ulp disagreement at |o| >= 4 is 0.031).
+      r.onednn_max_abs_diff = testing::MaxAbsDifference(batch, peer_out, out);
+      r.onednn_tolerance_ratio = testing::ToleranceRatio(batch, peer_out, out, 2e-2);
+      if (!(r.onednn_tolerance_ratio <= 1.0)) {
+        throw std::runtime_error(
+            "the oneDNN peer disagrees with rpa on " + w.name + " (threads=" +
+            std::to_string(threads) + "): max abs difference " +
+            std::to_string(r.onednn_max_abs_diff) + ", " +
+            std::to_string(r.onednn_tolerance_ratio) + "x the bound 2e-2 + 1 bf16 ulp");
+      }
+      peer.ClearPhases();
+      int peer_copy = 0;
+      r.onednn_ms = time_calls([&] {
+                      peer.Run(pages.data + stride * peer_copy, peer_out.data());
+                      peer_copy = (peer_copy + 1) % copies;
+                    }) * 1e3;
+      r.onednn_impl = peer.MatmulImpl();
+      auto phase_median = [&](double testing::OnednnPeerPhases::*phase) {
+        std::vector<double> v;
+        for (const testing::OnednnPeerPhases& p : peer.Phases()) v.push_back(p.*phase);
+        return Median(v);
+      };
+      r.onednn_phases.gather_s = phase_median(&testing::OnednnPeerPhases::gather_s);
+      r.onednn_phases.qk_s = phase_median(&testing::OnednnPeerPhases::qk_s);
+      r.onednn_phases.softmax_s = phase_median(&testing::OnednnPeerPhases::softmax_s);
+      r.onednn_phases.pv_s = phase_median(&testing::OnednnPeerPhases::pv_s);
+      r.onednn_phases.write_s = phase_median(&testing::OnednnPeerPhases::write_s);
+    }
     results.push_back(r);
   }
   Progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + w.name +
@@ -438,12 +498,22 @@ void PrintJson(const MachineLimits& limits, int threads, const std::vector<Resul
               "\"fma_f32_gflops_1_thread\": %.1f, \"fma_f32_gflops_all_threads\": %.1f, "
               "\"bf16_dot_gflops_1_thread\": %.1f, \"bf16_dot_gflops_all_threads\": %.1f, "
               "\"fma_f16_gflops_1_thread\": %.1f, \"fma_f16_gflops_all_threads\": %.1f, "
-              "\"avx512_bf16\": %s, \"avx512_fp16\": %s},\n \"workloads\": [",
+              "\"amx_bf16_gflops_1_thread\": %.1f, \"amx_bf16_gflops_all_threads\": %.1f, "
+              "\"avx512_bf16\": %s, \"avx512_fp16\": %s, \"amx\": \"%s\", ",
               threads, static_cast<long long>(limits.llc_bytes), limits.read_gbs[0],
               limits.read_gbs[1], limits.fma_f32_gflops[0], limits.fma_f32_gflops[1],
               limits.bf16_dot_gflops[0], limits.bf16_dot_gflops[1], limits.fma_f16_gflops[0],
-              limits.fma_f16_gflops[1], limits.avx512_bf16 ? "true" : "false",
-              limits.avx512_fp16 ? "true" : "false");
+              limits.fma_f16_gflops[1], limits.amx_bf16_gflops[0], limits.amx_bf16_gflops[1],
+              limits.avx512_bf16 ? "true" : "false", limits.avx512_fp16 ? "true" : "false",
+              internal::AmxDetection().c_str());
+  const testing::OnednnPeerInfo onednn = testing::GetOnednnPeerInfo();
+  if (onednn.available) {
+    std::printf("\"onednn_isa\": \"%s\", \"onednn_version\": \"%s\", \"onednn_threading\": \"%s\"",
+                onednn.isa.c_str(), onednn.version.c_str(), onednn.threading.c_str());
+  } else {
+    std::printf("\"onednn_isa\": null, \"onednn\": \"%s\"", onednn.reason.c_str());
+  }
+  std::printf("},\n \"workloads\": [");
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     std::printf("%s\n  {\"name\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"frac_of_limit\": %.3f, "
@@ -461,6 +531,26 @@ void PrintJson(const MachineLimits& limits, int threads, const std::vector<Resul
                   "\"per_layer_overhead_us\": %.2f, \"plan_us\": %.2f",
                   r.layers, r.one_call_ms, r.min_ms, r.one_call_min_ms, r.speedup_vs_one_call,
                   r.per_layer_overhead_us, r.plan_us);
+    }
+    // null where the call ran no AMX kernel ("machine"."amx" says why).
+    if (r.no_amx_ms > 0) {
+      std::printf(", \"no_amx_ms\": %.4f, \"speedup_vs_no_amx\": %.2f", r.no_amx_ms,
+                  r.no_amx_ms / r.ms);
+    } else {
+      std::printf(", \"speedup_vs_no_amx\": null");
+    }
+    if (r.onednn_peer && r.onednn_ms >= 0) {
+      const testing::OnednnPeerPhases& p = r.onednn_phases;
+      const double ms = 1e3;
+      std::printf(", \"onednn_ms\": %.4f, \"speedup_vs_onednn\": %.2f, "
+                  "\"onednn_max_abs_diff\": %.5f, \"onednn_impl\": \"%s\", "
+                  "\"onednn_phases_ms\": {\"gather\": %.3f, \"qk\": %.3f, \"softmax\": %.3f, "
+                  "\"pv\": %.3f, \"write\": %.3f}",
+                  r.onednn_ms, r.onednn_ms / r.ms, r.onednn_max_abs_diff, r.onednn_impl.c_str(),
+                  p.gather_s * ms, p.qk_s * ms, p.softmax_s * ms,
+                  p.pv_s * ms, p.write_s * ms);
+    } else if (r.onednn_peer) {
+      std::printf(", \"onednn_ms\": null, \"speedup_vs_onednn\": null");
     }
     std::printf("}");
   }
@@ -481,18 +571,29 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
     std::printf("  f16 FMA peak     %7.1f GFLOP/s          %7.1f GFLOP/s\n",
                 limits.fma_f16_gflops[0], limits.fma_f16_gflops[1]);
   }
+  if (limits.amx_bf16_gflops[0] > 0) {
+    std::printf("  AMX bf16 peak    %7.1f GFLOP/s          %7.1f GFLOP/s\n",
+                limits.amx_bf16_gflops[0], limits.amx_bf16_gflops[1]);
+  } else {
+    std::printf("  AMX: %s\n", internal::AmxDetection().c_str());
+  }
   std::printf("  (measured before and after the workloads, %.1f s in all; each figure the higher\n"
               "   of the two, each of those the best of several repetitions)\n",
               limits.seconds);
   const bool hot = !results.empty() && results[0].hot_ms > 0;
-  std::printf("\n%-12s %3s %10s %12s %8s %9s %8s %7s %10s %8s%s\n", "workload", "thr", "ms",
-              "tokens/s", "KV GB/s", "GFLOP/s", "bound", "frac", "naive ms", "speedup",
-              hot ? "     hot ms" : "");
+  std::printf("\n%-12s %3s %10s %12s %8s %9s %8s %7s %10s %8s%s %10s %9s\n", "workload", "thr",
+              "ms", "tokens/s", "KV GB/s", "GFLOP/s", "bound", "frac", "naive ms", "speedup",
+              hot ? "     hot ms" : "", "oneDNN ms", "vs oneDNN");
   for (const Result& r : results) {
     std::printf("%-12s %3d %10.3f %12.0f %8.1f %9.1f %8s %7.2f %10.1f %8.1f", r.name.c_str(),
                 r.threads, r.ms, r.tokens_per_s, r.gbs, r.gflops, r.bound, r.frac, r.naive_ms,
                 r.speedup);
     if (hot) std::printf(" %10.3f", r.hot_ms);
+    if (r.onednn_peer && r.onednn_ms >= 0) {
+      std::printf(" %10.3f %9.2f", r.onednn_ms, r.onednn_ms / r.ms);
+    } else {
+      std::printf(" %10s %9s", "-", "-");
+    }
     std::printf("\n");
   }
   for (const Result& r : results) {
@@ -502,6 +603,22 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
                 "the minima), one Plan %.2f us\n",
                 r.threads, r.layers, r.ms, r.min_ms, r.one_call_ms, r.one_call_min_ms,
                 r.speedup_vs_one_call, r.per_layer_overhead_us, r.plan_us);
+  }
+  const testing::OnednnPeerInfo onednn = testing::GetOnednnPeerInfo();
+  const bool any_peer =
+      std::any_of(results.begin(), results.end(), [](const Result& r) { return r.onednn_peer; });
+  if (any_peer && !onednn.available) {
+    std::printf("\noneDNN peer: not run (%s)\n", onednn.reason.c_str());
+  } else if (any_peer) {
+    std::string impl;
+    for (const Result& r : results) {
+      if (!r.onednn_impl.empty()) impl = r.onednn_impl;
+    }
+    std::printf("\noneDNN peer (prefill, mixed): oneDNN %s, ISA %s, %s threads = rpa's, matmuls %s:\n"
+                "  gather K/V/q to dense bf16 + QK^T (bf16 matmul, f32 out) + scale/mask/softmax (C++)\n"
+                "  + PV (bf16 matmul) per sequence and kv head, verified against rpa's output first\n",
+                onednn.version.c_str(), onednn.isa.c_str(), onednn.threading.c_str(),
+                impl.empty() ? "-" : impl.c_str());
   }
 }
 
@@ -520,11 +637,15 @@ int RunBench(const BenchArgs& args) {
   MachineLimits limits = MeasureMachine(threads, args.quick);
   std::vector<Result> results;
   for (size_t i = 0; i < workloads.size(); ++i) {
-    for (Result& r :
-         RunWorkload(workloads[i], limits, threads, args, static_cast<int>(i) + 1,
-                     total - 1)) {
-      results.push_back(r);
+    std::vector<Result> workload_results;
+    try {
+      workload_results = RunWorkload(workloads[i], limits, threads, args, static_cast<int>(i) + 1,
+                                     total - 1);
+    } catch (const std::exception& e) {  // The oneDNN peer disagreed: the bench fails.
+      std::fprintf(stderr, "\r\033[Krpa bench: %s\n", e.what());
+      return 1;
     }
+    for (Result& r : workload_results) results.push_back(r);
   }
   if (layers) {
     for (Result& r : RunLayers(limits, threads, args, total - 1, total - 1)) results.push_back(r);

@@ -4,8 +4,8 @@
 #include <cstdio>
 
 #include "commands.h"
-#include "kernel/dispatch.h"
 #include "rpa/dtype.h"
+#include "rpa/kernels.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"rpa: ragged paged attention on CPUs"};
@@ -13,8 +13,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", [] {
     std::string s = std::string("rpa ") + RPA_VERSION_STRING + "\n";
     for (rpa::DType kv : {rpa::DType::kBF16, rpa::DType::kF8E4M3FN, rpa::DType::kF32}) {
-      s += "kernels for " + std::string(rpa::ToString(kv)) + " K/V, " +
-           rpa::internal::DescribeDispatch(kv);
+      s += "kernels for " + std::string(rpa::ToString(kv)) + " K/V, " + rpa::DescribeKernels(kv);
     }
     return s;
   });

@@ -31,7 +31,8 @@ struct AttentionOptions {
   // On CPU: the budget in bytes for one worker's scratch tiles.
   std::optional<int64_t> vmem_limit_bytes;
   // Worker threads (at most 256 are used); none = RPA_NUM_THREADS, else
-  // every core.
+  // the CPUs the process may use (affinity mask, cgroup quota, bound CPUs:
+  // rpa/threads.h).
   std::optional<int> num_threads;
 
   // Beyond JAX (docs/contract.md §1 conventions).

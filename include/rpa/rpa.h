@@ -6,6 +6,7 @@
 #include "rpa/dtype.h"
 #include "rpa/engine_page_tables.h"
 #include "rpa/error.h"
+#include "rpa/kernels.h"
 #include "rpa/kv_cache.h"
 #include "rpa/merge.h"
 #include "rpa/options.h"
@@ -13,6 +14,7 @@
 #include "rpa/plan.h"
 #include "rpa/reference.h"
 #include "rpa/tensor.h"
+#include "rpa/threads.h"
 #include "rpa/validate.h"
 
 #endif  // RPA_RPA_H_

@@ -43,6 +43,10 @@ Beyond JAX's arguments, keyword-only: `kv_layout`, `kv_dtype` (a uint8 cache
 of float8 codes, since NumPy has no float8), `sinks`, `return_lse`,
 `num_threads`, `out`.
 
+Past one machine: `rpa.distributed` (import it explicitly; torch.distributed)
+splits a batch's pages across ranks and merges their partial attentions
+(context parallelism), or slices the heads (tensor parallelism).
+
 torch operators: `torch.ops.rpa.ragged_paged_attention` (and `.out`),
 `ragged_paged_attention_with_lse`, `reshape_and_cache` and `merge_states`
 (rpa.torch), registered as soon as torch is imported, before or after rpa;

@@ -69,7 +69,10 @@ def main(argv=None) -> int:
     return 0
   print(f"rpa {rpa.__version__} ({os.path.dirname(rpa.__file__)})")
   for key, value in rpa.build_info.items():
-    print(f"  {key}: {value}")
+    if key == "kernels":  # Several lines: the dispatch table rows this CPU gets.
+      print("  kernels for bf16 q and K/V, " + value.rstrip().replace("\n", "\n    "))
+    else:
+      print(f"  {key}: {value}")
   print(f"  python: {sys.version.split()[0]} ({sys.executable})")
   try:
     import numpy as np

@@ -19,7 +19,10 @@ sliding_window, soft_cap, mask_value, k_scale, v_scale,
 num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, kv_layout,
 kv_dtype, sinks, num_threads) plus `v_pages`: given, `kv_pages` is the K
 cache and `v_pages` the V cache of separate caches in `kv_layout` (NHD by
-default), the Python API's `kv_pages=(k_pages, v_pages)`. Every operator
+default), the Python API's `kv_pages=(k_pages, v_pages)`. Threads: an
+attention operator called without `num_threads` uses `torch.get_num_threads()`
+threads (unless RPA_NUM_THREADS is set), so `torch.set_num_threads(n)` sizes
+torch's intra-op pool and rpa's together (docs/python.md, "Threads"). Every operator
 validates as the Python API does and raises its rpa.Error (a ValueError)
 with the same message, before anything is written. Meta kernels give the
 output shapes (torch.device("meta"), FakeTensor, make_fx).
@@ -28,6 +31,7 @@ output shapes (torch.device("meta"), FakeTensor, make_fx).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -67,8 +71,21 @@ def _cache_arg(kv_pages, v_pages):
   return kv_pages if v_pages is None else (kv_pages, v_pages)
 
 
+def _num_threads(num_threads):
+  """The op's thread count: the caller's, else RPA_NUM_THREADS (None: the
+  library reads it), else torch's intra-op count. An op runs inline on
+  torch's thread between torch's own parallel ops, so it takes the count the
+  user gave torch (torch.set_num_threads) rather than rpa's own default
+  (every CPU of the process): one knob for both pools, and no more rpa
+  threads than torch was allowed."""
+  if num_threads is not None or os.environ.get("RPA_NUM_THREADS"):
+    return num_threads
+  return torch.get_num_threads()
+
+
 def _ragged(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, v_pages=None,
-            return_lse=False, out=None, **options):
+            return_lse=False, out=None, num_threads=None, **options):
+  options["num_threads"] = _num_threads(num_threads)
   return _api.ragged_paged_attention(q, _cache_arg(kv_pages, v_pages), kv_lens, page_indices,
                                      cu_q_lens, num_seqs, return_lse=return_lse, out=out,
                                      **options)

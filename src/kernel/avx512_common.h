@@ -10,14 +10,17 @@
 #if defined(__x86_64__)
 // GCC 12's _mm512_undefined_* are written `__m512 __Y = __Y;`, which
 // -Wuninitialized flags wherever they inline (GCC bug 105593).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
 #include "kernel/tile_kernel.h"
+#include "rpa/dtype.h"
 
 #define RPA_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 
@@ -191,6 +194,70 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline bool DecodeTileSoftmax(
   const __m128 l_old = _mm_maskz_loadu_ps(row_mask, l);
   _mm_store_ps(next->l, _mm_add_ps(_mm_mul_ps(l_old, alpha_rows), PerRow(RowSum(sum))));
   return true;
+}
+
+// 8-bit floats to bf16 by table lookup, 32 codes at a time, for every
+// AVX-512 kernel that reads them (the widening kernels, the AMX packs).
+// Bits of the bf16 value of each 8-bit float magnitude (code & 0x7F), e4m3fn
+// times 2^-8 (kE4M3Rescale) where e4m3_scaled; exact either way.
+struct Fp8Table {
+  alignas(64) uint16_t bits[128];
+};
+
+inline Fp8Table MakeFp8Table(DType dtype, bool e4m3_scaled) {
+  Fp8Table t;
+  for (int code = 0; code < 128; ++code) {
+    const uint8_t byte = static_cast<uint8_t>(code);
+    float f = LoadAsF32(dtype, &byte, 0);
+    if (dtype == DType::kF8E4M3FN && e4m3_scaled) f *= 1.0f / kE4M3Rescale;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    // Exact in bf16 (low half zero); NaN stays a quiet NaN.
+    t.bits[code] = f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(u >> 16);
+  }
+  return t;
+}
+
+// The table of an 8-bit float K/V dtype, or null for any other dtype.
+inline const Fp8Table* Fp8TableOf(DType dtype, bool e4m3_scaled) {
+  static const Fp8Table e4m3 = MakeFp8Table(DType::kF8E4M3FN, false);
+  static const Fp8Table e4m3_times_2_pow_minus_8 = MakeFp8Table(DType::kF8E4M3FN, true);
+  static const Fp8Table e5m2 = MakeFp8Table(DType::kF8E5M2, false);
+  if (dtype == DType::kF8E4M3FN) return e4m3_scaled ? &e4m3_times_2_pow_minus_8 : &e4m3;
+  if (dtype == DType::kF8E5M2) return &e5m2;
+  return nullptr;
+}
+
+// The table in four registers, for converting in the loops.
+struct Fp8Lut {
+  __m512i t0, t1, t2, t3;
+};
+
+RPA_AVX512_TARGET __attribute__((always_inline)) inline Fp8Lut LoadLut(const Fp8Table* table) {
+  Fp8Lut lut;
+  if (table == nullptr) {
+    lut.t0 = lut.t1 = lut.t2 = lut.t3 = _mm512_setzero_si512();
+  } else {
+    lut.t0 = _mm512_load_si512(table->bits);
+    lut.t1 = _mm512_load_si512(table->bits + 32);
+    lut.t2 = _mm512_load_si512(table->bits + 64);
+    lut.t3 = _mm512_load_si512(table->bits + 96);
+  }
+  return lut;
+}
+
+// The bf16 bits of 32 8-bit float codes (zero-extended to 16 bits, x).
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512i Fp8ToBf16(__m512i x,
+                                                                         const Fp8Lut& lut) {
+  // permutex2var reads index bits [5:0]: entries 0-63 from (t0, t1),
+  // 64-127 from (t2, t3); bit 6 picks between them.
+  const __m512i lo = _mm512_permutex2var_epi16(lut.t0, x, lut.t1);
+  const __m512i hi = _mm512_permutex2var_epi16(lut.t2, x, lut.t3);
+  const __m512i mag =
+      _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
+  // mag | (x << 8 & 0x8000): the sign bit back on top.
+  return _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(x, 8),
+                                   _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
 }
 
 }  // namespace rpa::internal::avx512

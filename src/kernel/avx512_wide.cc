@@ -52,67 +52,6 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline void StoreLogitsBlock(
   }
 }
 
-// Bits of the bf16 value of each 8-bit float magnitude (code & 0x7F);
-// e4m3fn scaled by 2^-8 (kE4M3Rescale).
-struct Fp8Table {
-  alignas(64) uint16_t bits[128];
-};
-
-Fp8Table MakeFp8Table(DType dtype) {
-  Fp8Table t;
-  for (int code = 0; code < 128; ++code) {
-    const uint8_t byte = static_cast<uint8_t>(code);
-    float f = LoadAsF32(dtype, &byte, 0);
-    if (dtype == DType::kF8E4M3FN) f *= 1.0f / kE4M3Rescale;
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    // Exact in bf16 (low half zero); NaN stays a quiet NaN.
-    t.bits[code] = f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(u >> 16);
-  }
-  return t;
-}
-
-// The table of an 8-bit float K/V dtype, or null for bf16.
-const Fp8Table* Fp8TableOf(DType dtype) {
-  static const Fp8Table e4m3 = MakeFp8Table(DType::kF8E4M3FN);
-  static const Fp8Table e5m2 = MakeFp8Table(DType::kF8E5M2);
-  if (dtype == DType::kF8E4M3FN) return &e4m3;
-  if (dtype == DType::kF8E5M2) return &e5m2;
-  return nullptr;
-}
-
-// The table in four registers, for converting in the loops.
-struct Fp8Lut {
-  __m512i t0, t1, t2, t3;
-};
-
-RPA_AVX512_TARGET __attribute__((always_inline)) inline Fp8Lut LoadLut(const Fp8Table* table) {
-  Fp8Lut lut;
-  if (table == nullptr) {
-    lut.t0 = lut.t1 = lut.t2 = lut.t3 = _mm512_setzero_si512();
-  } else {
-    lut.t0 = _mm512_load_si512(table->bits);
-    lut.t1 = _mm512_load_si512(table->bits + 32);
-    lut.t2 = _mm512_load_si512(table->bits + 64);
-    lut.t3 = _mm512_load_si512(table->bits + 96);
-  }
-  return lut;
-}
-
-// The bf16 bits of 32 8-bit float codes (zero-extended to 16 bits, x).
-RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512i Fp8ToBf16(__m512i x,
-                                                                         const Fp8Lut& lut) {
-  // permutex2var reads index bits [5:0]: entries 0-63 from (t0, t1),
-  // 64-127 from (t2, t3); bit 6 picks between them.
-  const __m512i lo = _mm512_permutex2var_epi16(lut.t0, x, lut.t1);
-  const __m512i hi = _mm512_permutex2var_epi16(lut.t2, x, lut.t3);
-  const __m512i mag =
-      _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
-  // mag | (x << 8 & 0x8000): the sign bit back on top.
-  return _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(x, 8),
-                                   _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
-}
-
 RPA_AVX512_TARGET void Fp8RowsToBf16Impl(const Fp8Table& table, const KvRows& rows, int64_t n,
                                          int64_t head_dim, const TileScratch& scratch) {
   const Fp8Lut lut = LoadLut(&table);
@@ -383,7 +322,7 @@ void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
   if (tile.dtype == DType::kF16) return WideLogitsRows<Code::kF16>(q, tile.k, tile, s, nullptr);
-  const Fp8Table* table = Fp8TableOf(tile.dtype);
+  const Fp8Table* table = Fp8TableOf(tile.dtype, /*e4m3_scaled=*/true);
   if (table == nullptr) return WideLogitsRows<Code::kBf16>(q, tile.k, tile, s, nullptr);
   if (q.rows <= kMaxRowsConvertingInLoops) {
     return WideLogitsRows<Code::kFp8>(q, tile.k, tile, s, table);
@@ -399,7 +338,7 @@ void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
   a.p = p.s;
   a.p_stride = p.stride;
   if (tile.dtype == DType::kF16) return WidePvAllRows<Code::kF16>(a, p.rows);
-  const Fp8Table* table = Fp8TableOf(tile.dtype);
+  const Fp8Table* table = Fp8TableOf(tile.dtype, /*e4m3_scaled=*/true);
   if (table == nullptr) return WidePvAllRows<Code::kBf16>(a, p.rows);
   if (p.rows <= kMaxRowsConvertingInLoops) {
     a.table = table;
@@ -448,7 +387,7 @@ bool DecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
   if (tile.dtype == DType::kF16) {
     return WideDecodeTileImpl<Code::kF16>(q, tile, logit_scale, state, nullptr);
   }
-  const Fp8Table* table = Fp8TableOf(tile.dtype);
+  const Fp8Table* table = Fp8TableOf(tile.dtype, /*e4m3_scaled=*/true);
   return table != nullptr ? WideDecodeTileImpl<Code::kFp8>(q, tile, logit_scale, state, table)
                           : WideDecodeTileImpl<Code::kBf16>(q, tile, logit_scale, state, nullptr);
 }
@@ -466,7 +405,7 @@ float PrepareEvenOdd(DType /*kv_dtype*/, const float* q, int64_t /*head_dim*/, i
 
 KvRows Fp8RowsToBf16(DType dtype, const KvRows& rows, int64_t n, int64_t head_dim,
                      const TileScratch& scratch) {
-  avx512::Fp8RowsToBf16Impl(*avx512::Fp8TableOf(dtype), rows, n, head_dim, scratch);
+  avx512::Fp8RowsToBf16Impl(*avx512::Fp8TableOf(dtype, /*e4m3_scaled=*/true), rows, n, head_dim, scratch);
   return KvRows{scratch.converted, 0, n};
 }
 

@@ -1,7 +1,12 @@
 #include "kernel/cpu_features.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #define RPA_HAVE_X86 1
 #else
 #define RPA_HAVE_X86 0
@@ -11,7 +16,41 @@ namespace rpa::internal {
 namespace {
 
 #if RPA_HAVE_X86
-CpuFeatures Detect() {
+constexpr long kArchGetXcompPerm = 0x1022;
+constexpr long kArchReqXcompPerm = 0x1023;
+constexpr long kXfeatureXtiledata = 18;
+
+// AMX: what the CPU has, what the OS enables, what Linux grants; "" when
+// usable, else the step that failed.
+std::string AmxFailure(bool avx512bf16) {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return "CPU lacks CPUID leaf 7 (no AMX)";
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  std::string lacks;
+  auto add = [&lacks](bool has, const char* name) {
+    if (!has) lacks += (lacks.empty() ? "" : ", ") + std::string(name);
+  };
+  add((edx >> 22) & 1, "amx-bf16");
+  add((edx >> 24) & 1, "amx-tile");
+  add(avx512bf16, "avx512-bf16 (with OS zmm state)");
+  if (!lacks.empty()) return "CPU lacks " + lacks;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if (((xcr0_lo >> 17) & 3) != 3) return "OS does not enable tile state in XCR0";
+  // Linux (5.16+) hands out the 8 KiB tile data state only on request;
+  // without it the first tile instruction raises SIGILL.
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    return std::string("arch_prctl(ARCH_REQ_XCOMP_PERM) failed: ") + std::strerror(errno);
+  }
+  unsigned long long perm = 0;
+  if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &perm) != 0 ||
+      !((perm >> kXfeatureXtiledata) & 1)) {
+    return "arch_prctl(ARCH_GET_XCOMP_PERM) does not show the tile data permission";
+  }
+  return "";
+}
+
+CpuFeatures Detect(std::string* amx_reason) {
   CpuFeatures f;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (__get_cpuid_max(0, nullptr) < 7) return f;
@@ -27,13 +66,37 @@ CpuFeatures Detect() {
   f.avx512fp16 = f.avx512bw && ((edx >> 23) & 1);
   __cpuid_count(7, 1, eax, ebx, ecx, edx);
   f.avx512bf16 = f.avx512bw && ((eax >> 5) & 1);
+  unsigned vendor[3] = {0, 0, 0};
+  __cpuid(0, eax, vendor[0], vendor[2], vendor[1]);  // EBX, EDX, ECX spell the vendor.
+  f.fast_bf16_dot = f.avx512bf16 && std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+  const std::string amx = AmxFailure(f.avx512bf16);
+  f.amx_bf16 = amx.empty();
+  *amx_reason = f.amx_bf16 ? "AMX bf16 tiles usable" : amx;
   return f;
 }
 #else
-CpuFeatures Detect() { return {}; }
+CpuFeatures Detect(std::string* amx_reason) {
+  *amx_reason = "not x86-64";
+  return {};
+}
 #endif
 
+struct Detection {
+  std::string amx_reason;
+  CpuFeatures features;
+};
+
+const Detection& Detected() {
+  static const Detection d = [] {
+    Detection out;
+    out.features = Detect(&out.amx_reason);
+    return out;
+  }();
+  return d;
+}
+
 thread_local CpuFeatures t_allowed = kAllCpuFeatures;
+thread_local bool t_amx_emulated = false;
 
 }  // namespace
 
@@ -47,15 +110,25 @@ std::string CpuFeatures::ToString() const {
   add(avx512bw, "avx512bw");
   add(avx512fp16, "avx512fp16");
   add(avx512bf16, "avx512bf16");
+  add(fast_bf16_dot, "fast-bf16-dot");
+  add(amx_bf16 && !amx_emulated, "amx-bf16");
+  add(amx_emulated, "amx-bf16 (emulated)");
   return s.empty() ? "none" : s;
 }
 
-const CpuFeatures& DetectedCpuFeatures() {
-  static const CpuFeatures detected = Detect();
-  return detected;
+const CpuFeatures& DetectedCpuFeatures() { return Detected().features; }
+
+const std::string& AmxDetection() { return Detected().amx_reason; }
+
+CpuFeatures UsableCpuFeatures() {
+  CpuFeatures f = DetectedCpuFeatures();
+  if (t_amx_emulated && f.avx512bf16) f.amx_bf16 = f.amx_emulated = true;
+  return f & t_allowed;
 }
 
-CpuFeatures UsableCpuFeatures() { return DetectedCpuFeatures() & t_allowed; }
+ScopedAmxEmulation::ScopedAmxEmulation() : saved_(t_amx_emulated) { t_amx_emulated = true; }
+
+ScopedAmxEmulation::~ScopedAmxEmulation() { t_amx_emulated = saved_; }
 
 ScopedCpuFeatureMask::ScopedCpuFeatureMask(const CpuFeatures& allowed) : saved_(t_allowed) {
   t_allowed = t_allowed & allowed;

@@ -18,10 +18,23 @@ struct CpuFeatures {
   bool avx512fp16 = false;
   // AVX-512 BF16 (vcvtne2ps2bf16, vdpbf16ps; implies avx512bw here).
   bool avx512bf16 = false;
+  // vdpbf16ps issues as often as the f32 FMA (twice its flops): AMD's
+  // AVX-512 BF16 (Zen 4 measured: 235 vs 118 GFLOP/s per core); on the
+  // Intel CPUs measured it issues at half the FMA's rate.
+  bool fast_bf16_dot = false;
+  // Intel AMX bf16 tiles: CPUID amx-tile and amx-bf16 (with AVX-512 BF16),
+  // tile state enabled in XCR0, and Linux's permission to use it granted
+  // to this process (one arch_prctl(ARCH_REQ_XCOMP_PERM) on detection).
+  bool amx_bf16 = false;
+  // Tests only: the AMX kernel's scalar tile model stands in for the tiles
+  // (ScopedAmxEmulation), so its whole path runs where AMX is absent.
+  bool amx_emulated = false;
 
   // The features both masks have.
   CpuFeatures operator&(const CpuFeatures& o) const {
-    return {avx512bw && o.avx512bw, avx512fp16 && o.avx512fp16, avx512bf16 && o.avx512bf16};
+    return {avx512bw && o.avx512bw,       avx512fp16 && o.avx512fp16,
+            avx512bf16 && o.avx512bf16,   fast_bf16_dot && o.fast_bf16_dot,
+            amx_bf16 && o.amx_bf16,       amx_emulated && o.amx_emulated};
   }
   // E.g. "avx512bw avx512fp16 avx512bf16", or "none".
   std::string ToString() const;
@@ -29,6 +42,11 @@ struct CpuFeatures {
 
 // The features the hardware and OS offer (detected on the first call).
 const CpuFeatures& DetectedCpuFeatures();
+
+// Why amx_bf16 is or is not set: "AMX bf16 tiles usable", or which step
+// failed ("CPU lacks amx-bf16, amx-tile", "OS does not enable tile state in
+// XCR0", "arch_prctl(ARCH_REQ_XCOMP_PERM) failed: ...").
+const std::string& AmxDetection();
 
 // The features dispatch may use on this thread: the detected ones less any
 // hidden by a ScopedCpuFeatureMask on this thread. The choice is made once
@@ -48,10 +66,24 @@ class ScopedCpuFeatureMask {
   CpuFeatures saved_;
 };
 
+// Makes the AMX kernel run on its scalar tile model on this thread for this
+// object's lifetime (UsableCpuFeatures reports amx_bf16 and amx_emulated),
+// where the CPU has AVX-512 BF16 (the model's glue needs it); tests only.
+class ScopedAmxEmulation {
+ public:
+  ScopedAmxEmulation();
+  ~ScopedAmxEmulation();
+  ScopedAmxEmulation(const ScopedAmxEmulation&) = delete;
+  ScopedAmxEmulation& operator=(const ScopedAmxEmulation&) = delete;
+
+ private:
+  bool saved_;
+};
+
 // A mask that hides every feature: the portable Highway paths only.
 inline constexpr CpuFeatures kNoCpuFeatures{};
 // A mask that hides nothing.
-inline constexpr CpuFeatures kAllCpuFeatures{true, true, true};
+inline constexpr CpuFeatures kAllCpuFeatures{true, true, true, true, true, true};
 
 }  // namespace rpa::internal
 

@@ -1,8 +1,14 @@
 #include "kernel/dispatch.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "kernel/kernel.h"
+#include "rpa/kernels.h"
 
 #if defined(__x86_64__)
+#include "kernel/amx_prefill.h"
+#include "kernel/avx512_bf16_packed.h"
 #include "kernel/avx512_fp16_decode.h"
 #include "kernel/avx512_wide.h"
 #endif
@@ -26,6 +32,14 @@ std::string TaskKernels::Describe() const {
   return s + (products != nullptr ? products->name : "none");
 }
 
+bool AmxOptedIn() {
+  static const bool opted_in = [] {
+    const char* v = std::getenv("RPA_AMX");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return opted_in;
+}
+
 KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& cpu) {
   const HighwayKernels highway = HighwayKernelsForCpu();
   KernelChoice choice;
@@ -45,6 +59,17 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
       decode.fused[i] = &kAvx512WideDecode;
     }
   }
+  // The bf16 products take bf16 exactly: bf16 q, and K/V whose every value
+  // is a bf16.
+  const bool bf16_exact = problem.q_dtype == DType::kBF16 && (kv == DType::kBF16 || fp8 ||
+                                                              kv == DType::kI8);
+  if (cpu.fast_bf16_dot && bf16_exact) {
+    choice.classes[static_cast<int>(TaskClass::kPrefill)].products = &kAvx512Bf16Packed;
+  }
+  if (cpu.amx_bf16 && bf16_exact && (cpu.amx_emulated || AmxOptedIn())) {
+    choice.classes[static_cast<int>(TaskClass::kPrefill)].products =
+        cpu.amx_emulated ? &kAmxPrefillEmulated : &kAmxPrefill;
+  }
 #else
   (void)problem;
   (void)cpu;
@@ -55,11 +80,16 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
 std::string DescribeDispatch(DType kv_dtype) {
   const CpuFeatures cpu = UsableCpuFeatures();
   AttentionProblem problem;
+  problem.q_dtype = DType::kBF16;
   problem.kv_dtype = kv_dtype;
   const KernelChoice plain = ChooseKernels(problem, cpu);
   problem.soft_cap = 30.0f;
   const KernelChoice capped = ChooseKernels(problem, cpu);
-  std::string s = "cpu features: " + cpu.ToString() + "\n";
+  std::string s = "cpu features: " + cpu.ToString() + "; amx: " + AmxDetection() +
+                  (cpu.amx_bf16 && !cpu.amx_emulated && !AmxOptedIn()
+                       ? " (not dispatched: set RPA_AMX=1, not yet measured on AMX hardware)"
+                       : "") +
+                  "\n";
   for (int c = 0; c < kNumTaskClasses; ++c) {
     const std::string a = plain.classes[c].Describe(), b = capped.classes[c].Describe();
     s += std::string("  ") + ToString(static_cast<TaskClass>(c)) + ": " + a;
@@ -70,3 +100,9 @@ std::string DescribeDispatch(DType kv_dtype) {
 }
 
 }  // namespace rpa::internal
+
+namespace rpa {
+
+std::string DescribeKernels(DType kv_dtype) { return internal::DescribeDispatch(kv_dtype); }
+
+}  // namespace rpa

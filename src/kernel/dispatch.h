@@ -15,6 +15,12 @@
 //   any                >= 32         highway_packed        highway_packed      highway_packed
 //   f32, int8          <= 31         highway_rows          highway_rows        highway_rows
 //
+// With bf16 q and bf16/fp8/int8 K/V, the prefill row is avx512_bf16_packed
+// where vdpbf16ps runs at the FMA's issue rate (CpuFeatures::fast_bf16_dot),
+// and with AMX (CpuFeatures::amx_bf16) opted in
+// by RPA_AMX=1, the prefill row is amx_prefill (not yet measured on AMX
+// hardware: tested on its scalar tile model, ScopedAmxEmulation).
+//
 // "a > b" is a fused tile a, falling back to b on a tile it declines. The
 // fused tiles run only without a soft cap, on tiles every row sees whole.
 // Why: docs/kernel.md, Dispatch (the widening path beats vdpbf16ps end to
@@ -46,6 +52,10 @@ struct KernelChoice {
   TaskKernels classes[kNumTaskClasses];
   const TaskKernels& For(TaskClass c) const { return classes[static_cast<int>(c)]; }
 };
+
+// Whether RPA_AMX=1: AMX kernels are dispatched only when asked for until
+// they are measured on AMX hardware.
+bool AmxOptedIn();
 
 // The choice for this problem on a CPU with these features.
 KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& cpu);

@@ -9,7 +9,7 @@ namespace rpa::internal {
 int64_t ScratchRows(int64_t q_tile, int64_t group, int64_t num_kv_heads) {
   // A sequence's last query tile may be short enough to be decode-like.
   const int64_t rows = q_tile * group;
-  return std::max(rows, num_kv_heads * std::min(rows, kMultiHeadRows));
+  return RoundUp(std::max(rows, num_kv_heads * std::min(rows, kMultiHeadRows)), kRowAlign);
 }
 
 size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out) {
@@ -42,6 +42,7 @@ size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out)
   s.v_base = reinterpret_cast<const uint8_t**>(take(2 * token_pad * kPointerFloats));
   s.tile.dim_pad = dim_pad;
   s.tile.packed = take(RoundUp(shape.kv_block, kPackedTokenAlign) * dim_pad);
+  s.tile.row_pointers = reinterpret_cast<const void**>(take(token_pad * kPointerFloats));
   if (SizeOf(shape.kv_dtype) == 1) {
     s.tile.kv_bf16 = reinterpret_cast<uint16_t*>(take(token_pad * dim_pad / 2));
     s.tile.converted = reinterpret_cast<const uint8_t**>(take(token_pad * kPointerFloats));

@@ -14,6 +14,9 @@ namespace rpa::internal {
 
 // Rows of a KV tile padded to this many tokens in scratch.
 inline constexpr int64_t kTokenAlign = 16;
+// A task's rows padded to this many in scratch: the AMX kernel's tiles
+// always have 16 rows (its padding rows are read and written, never used).
+inline constexpr int64_t kRowAlign = 16;
 // Keys of a packed K tile are padded to twice the widest vector.
 inline constexpr int64_t kPackedTokenAlign = 32;
 

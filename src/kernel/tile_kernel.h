@@ -30,8 +30,9 @@ enum class QueryFormat : uint8_t {
   kF32,         // [rows, dim_pad] f32, zero padded.
   kF32EvenOdd,  // [rows, dim_pad] f32, each 32 dims even then odd (WideQIndex).
   kHalf,        // [rows, RoundUp(dim_pad, 64)] f16 scaled by a power of 2 (QRowToHalf).
+  kBf16,        // [rows, dim_pad] bf16 (round to nearest even), zero padded.
 };
-inline constexpr int kNumQueryFormats = 3;
+inline constexpr int kNumQueryFormats = 4;
 
 // Elements of the format between query rows.
 inline int64_t QueryStride(QueryFormat format, int64_t dim_pad) {
@@ -39,7 +40,9 @@ inline int64_t QueryStride(QueryFormat format, int64_t dim_pad) {
 }
 
 // Bytes of one element of the format.
-inline int64_t QueryElemBytes(QueryFormat format) { return format == QueryFormat::kHalf ? 2 : 4; }
+inline int64_t QueryElemBytes(QueryFormat format) {
+  return format == QueryFormat::kHalf || format == QueryFormat::kBf16 ? 2 : 4;
+}
 
 // Where dimension d lives in a kF32EvenOdd row (and a kEvenOdd accumulator):
 // within each 32-dimension chunk, the even dimensions first, then the odd.
@@ -125,12 +128,22 @@ struct TileScratch {
   float* packed = nullptr;      // [RoundUp(kv_block, 32), dim_pad] f32: a packed K or V tile.
   uint16_t* kv_bf16 = nullptr;  // [token_pad, dim_pad] 8-bit K/V rows as bf16 (else null).
   const uint8_t** converted = nullptr;  // [token_pad] pointers to kv_bf16's rows.
+  const void** row_pointers = nullptr;  // [token_pad] a tile's K or V rows as pointers.
 };
 
 // Stores f32 query row q [dim_pad] in a kernel's format at out; returns the
 // factor that undoes any scaling (1 if none).
 using PrepareQueryRow = float (*)(DType kv_dtype, const float* q, int64_t head_dim,
                                   int64_t dim_pad, void* out);
+
+// q row -> kBf16 (round to nearest even; exact for bf16 q, the only q
+// dispatch gives the bf16 kernels).
+inline float PrepareBf16Row(DType /*kv_dtype*/, const float* q, int64_t /*head_dim*/,
+                            int64_t dim_pad, void* out) {
+  uint16_t* dst = static_cast<uint16_t*>(out);
+  for (int64_t d = 0; d < dim_pad; ++d) dst[d] = BF16FromF32(q[d]).bits;
+  return 1.0f;
+}
 
 // The unfused products of one kernel. A kernel whose e4m3_scaled is set
 // reads e4m3fn values as value * 2^-8 (kE4M3Rescale), which the task loop

@@ -67,7 +67,10 @@ def test_ragged_op_is_the_python_api(rng, dtype):
   q, kv = to_torch(b.q, dtype), to_torch(b.kv_pages, dtype)
   meta = _metadata(b)
   out = ops.ragged_paged_attention(q, kv, *meta, sm_scale=0.25, sliding_window=7)
-  expected = rpa.ragged_paged_attention(q, kv, *meta, sm_scale=0.25, sliding_window=7)
+  # The op's default thread count is torch's (rpa/torch.py); the flash-decoding
+  # split, and so the last bits, depend on it.
+  expected = rpa.ragged_paged_attention(q, kv, *meta, sm_scale=0.25, sliding_window=7,
+                                        num_threads=torch.get_num_threads())
   assert out.dtype == dtype and out.shape == q.shape
   assert torch.equal(out, expected)
   ref = numpy_ref(b.q, b.kv_pages, *b.args[2:], sm_scale=0.25, sliding_window=7)
@@ -104,6 +107,45 @@ def test_out_variant_writes_and_returns_out(rng):
   out2 = torch.empty_like(q)
   ops.ragged_paged_attention(q, kv, *meta, sm_scale=0.25, out=out2)
   assert torch.equal(out2, out)
+
+
+@pytest.fixture
+def torch_threads():
+  """Restores torch's intra-op thread count after the test."""
+  before = torch.get_num_threads()
+  yield
+  torch.set_num_threads(before)
+
+
+def test_attention_ops_take_torchs_thread_count(rng, monkeypatch, torch_threads):
+  """Without num_threads an op runs on torch.get_num_threads() threads, so
+  torch.set_num_threads sizes both pools; num_threads= and RPA_NUM_THREADS
+  still win."""
+  import rpa._api as api
+  seen = []
+  real = api.ragged_paged_attention
+
+  def spy(*args, **kwargs):
+    seen.append(kwargs["num_threads"])
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(api, "ragged_paged_attention", spy)
+  monkeypatch.delenv("RPA_NUM_THREADS", raising=False)
+  b = make_batch(rng, SEQS)
+  q, kv, meta = to_torch(b.q), to_torch(b.kv_pages), _metadata(b)
+  for threads in (1, 3):
+    torch.set_num_threads(threads)
+    seen.clear()
+    out = ops.ragged_paged_attention(q, kv, *meta, sm_scale=0.25)
+    ops.ragged_paged_attention.out(q, kv, *meta, sm_scale=0.25, out=torch.empty_like(q))
+    ops.ragged_paged_attention_with_lse(q, kv, *meta, sm_scale=0.25)
+    assert seen == [threads] * 3
+    assert torch.equal(out, real(q, kv, *meta, sm_scale=0.25, num_threads=threads))
+  seen.clear()
+  ops.ragged_paged_attention(q, kv, *meta, sm_scale=0.25, num_threads=2)
+  monkeypatch.setenv("RPA_NUM_THREADS", "2")
+  ops.ragged_paged_attention(q, kv, *meta, sm_scale=0.25)
+  assert seen == [2, None]  # None: the library reads RPA_NUM_THREADS itself.
 
 
 def test_lse_and_merge_states_ops(rng):
