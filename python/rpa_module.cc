@@ -21,7 +21,9 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -633,6 +635,31 @@ class Output {
   bool staged_ = false;
 };
 
+// out and, when given, lse (Outputs against the inputs), committed together.
+struct RowOutputs {
+  Output out;
+  std::optional<Output> lse;
+
+  RowOutputs(py::handle out_in, py::handle lse_in, const std::vector<const Array*>& inputs)
+      : out(out_in, inputs) {
+    if (!lse_in.is_none()) lse.emplace(lse_in, inputs, "lse");
+  }
+  std::optional<rpa::MutableTensorView> LseView() const {
+    return lse ? std::optional<rpa::MutableTensorView>(lse->view()) : std::nullopt;
+  }
+  void Commit() {
+    out.Commit();
+    if (lse) lse->Commit();
+  }
+};
+
+// `sinks` (or None) opened into `array`, as the library's optional view.
+std::optional<rpa::TensorView> OpenSinks(py::handle sinks, Array& array) {
+  if (sinks.is_none()) return std::nullopt;
+  array = Array::Open(sinks, "sinks", false);
+  return array.const_view();
+}
+
 py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::handle layout,
                   py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
                   py::handle num_seqs, py::handle out, py::handle sinks, py::handle lse,
@@ -642,19 +669,12 @@ py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::
       RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
                          ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
   Array sinks_array;
-  if (!sinks.is_none()) {
-    sinks_array = Array::Open(sinks, "sinks", false);
-    options.sinks = sinks_array.const_view();
-  }
+  options.sinks = OpenSinks(sinks, sinks_array);
   const std::vector<const Array*> inputs = {&a.q,         &a.k,         &a.v,
                                             &a.kv_lens,   &a.page_indices, &a.cu_q_lens,
                                             &a.num_seqs,  &sinks_array};
-  Output output(out, inputs);
-  std::optional<Output> lse_output;
-  if (!lse.is_none()) {
-    lse_output.emplace(lse, inputs, "lse");
-    options.lse = lse_output->view();
-  }
+  RowOutputs outputs(out, lse, inputs);
+  options.lse = outputs.LseView();
   {
     py::gil_scoped_release release;
     if (a.split() && reference) {
@@ -662,28 +682,27 @@ py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::
           a.q.const_view(), rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
           rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                          a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, output.view());
+          options, outputs.out.view());
     } else if (a.split()) {
       rpa::RaggedPagedAttention(a.q.const_view(),
                                 rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
                                 rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                                                a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                                options, output.view());
+                                options, outputs.out.view());
     } else if (reference) {
       rpa::RefRaggedPagedAttention(
           a.q.const_view(), a.k.const_view(),
           rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                          a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, output.view());
+          options, outputs.out.view());
     } else {
       rpa::RaggedPagedAttention(a.q.const_view(), a.k.const_view(),
                                 rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                                                a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                                options, output.view());
+                                options, outputs.out.view());
     }
   }
-  output.Commit();
-  if (lse_output) lse_output->Commit();
+  outputs.Commit();
   return py::reinterpret_borrow<py::object>(out);
 }
 
@@ -696,10 +715,7 @@ void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, py::handle
       RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
                          ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
   Array sinks_array;
-  if (!sinks.is_none()) {
-    sinks_array = Array::Open(sinks, "sinks", false);
-    options.sinks = sinks_array.const_view();
-  }
+  options.sinks = OpenSinks(sinks, sinks_array);
   py::gil_scoped_release release;
   if (a.split()) {
     if (dynamic) {
@@ -785,10 +801,7 @@ py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, p
   const Array anv = Array::Open(new_v, "new_v", false);
   a.OpenMetadata(kv_lens, page_indices, cu_q_lens, num_seqs);
   Array sinks_array;
-  if (!sinks.is_none()) {
-    sinks_array = Array::Open(sinks, "sinks", false);
-    options.sinks = sinks_array.const_view();
-  }
+  options.sinks = OpenSinks(sinks, sinks_array);
   std::vector<const Array*> inputs = {&a.q,         &ank,        &anv,        &a.kv_lens,
                                       &a.page_indices, &a.cu_q_lens, &a.num_seqs, &sinks_array};
   // K and V of one combined array may interleave (strided views of it): each
@@ -799,12 +812,8 @@ py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, p
   if (a.split()) v_cache.emplace(v, inputs, "v_pages", as);
   inputs.push_back(&k_cache.array());
   if (v_cache) inputs.push_back(&v_cache->array());
-  Output output(out, inputs);
-  std::optional<Output> lse_output;
-  if (!lse.is_none()) {
-    lse_output.emplace(lse, inputs, "lse");
-    options.lse = lse_output->view();
-  }
+  RowOutputs outputs(out, lse, inputs);
+  options.lse = outputs.LseView();
   {
     py::gil_scoped_release release;
     if (a.split()) {
@@ -813,25 +822,35 @@ py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, p
           rpa::MutableKVPages{k_cache.view(), v_cache->view(), *a.layout},
           rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                          a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, output.view());
+          options, outputs.out.view());
     } else {
       rpa::RaggedPagedAttentionWithKVWrite(
           a.q.const_view(), ank.const_view(), anv.const_view(), k_cache.view(),
           rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
                          a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, output.view());
+          options, outputs.out.view());
     }
   }
   k_cache.Commit();
   if (v_cache) v_cache->Commit();
-  output.Commit();
-  if (lse_output) lse_output->Commit();
+  outputs.Commit();
   return py::reinterpret_borrow<py::object>(out);
 }
 
 // rpa::MergeStates into the caller's `out` and `lse`.
+// merge_states' lse_base: e (rpa's natural-log LSEs) or 2 (FlashInfer's).
+rpa::LseBase ToLseBase(py::handle value) {
+  const double base = OptionalFloat(value, "lse_base").value_or(M_E);
+  if (base == M_E) return rpa::LseBase::kE;
+  if (base == 2.0) return rpa::LseBase::k2;
+  ThrowValue(rpa::ErrorKind::kOption,
+             "lse_base=" + Repr(value) + " must be math.e or 2. rpa's LSEs (return_lse=True) are "
+             "natural logs (math.e, the default); FlashInfer's are base 2.");
+}
+
 void Merge(py::handle out_a, py::handle lse_a, py::handle out_b, py::handle lse_b,
-           py::handle out, py::handle lse) {
+           py::handle out, py::handle lse, py::handle lse_base) {
+  const rpa::LseBase base = ToLseBase(lse_base);
   const Array a = Array::Open(out_a, "out_a", false);
   const Array la = Array::Open(lse_a, "lse_a", false);
   const Array b = Array::Open(out_b, "out_b", false);
@@ -841,7 +860,7 @@ void Merge(py::handle out_a, py::handle lse_a, py::handle out_b, py::handle lse_
   {
     py::gil_scoped_release release;
     rpa::MergeStates(a.const_view(), la.const_view(), b.const_view(), lb.const_view(),
-                     merged.view(), merged_lse.view());
+                     merged.view(), merged_lse.view(), base);
   }
   merged.Commit();
   merged_lse.Commit();
@@ -929,6 +948,172 @@ void Dequantize(py::handle codes, py::handle dtype, py::handle scale, py::handle
   }
   values.Commit();
 }
+
+// ---- rpa::AttentionPlan (rpa.BatchAttention): plan once per step, run per layer.
+
+rpa::DType DtypeByName(py::handle name, const std::string& keyword) {
+  const std::string text = py::str(name).cast<std::string>();
+  const std::optional<rpa::DType> dtype = rpa::DTypeFromString(text);
+  if (!py::isinstance<py::str>(name) || !dtype) {
+    ThrowValue(rpa::ErrorKind::kDtype, keyword + "=" + Repr(name) +
+                                           " is not a dtype rpa knows. Pass a dtype or its "
+                                           "name, such as 'bfloat16'.");
+  }
+  return *dtype;
+}
+
+// The plan's arguments that are not arrays: the shape and the options.
+struct PlanArgs {
+  py::object num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, q_dtype,
+      kv_dtype, kv_layout, window_left;
+  RaggedKwargs options;
+};
+
+int64_t RequiredInt(py::handle value, const char* name) {
+  const std::optional<int64_t> v = OptionalInt(value, name);
+  if (!v) throw py::type_error(std::string(name) + " must be an int.");
+  return *v;
+}
+
+// A thread-safe rpa::AttentionPlan: runs share it, a plan waits for them
+// (the GIL is released while either waits or works).
+class Plan {
+ public:
+  // form "jax": (kv_lens, page_indices, cu_q_lens, num_seqs); "csr":
+  // (qo_indptr, kv_indptr, kv_indices, kv_last_page_len).
+  void PlanFrom(const std::string& form, const std::vector<py::handle>& tables,
+                const PlanArgs& args) {
+    const rpa::AttentionShape shape = Shape(args);
+    const rpa::AttentionOptions options = Options(args);
+    const bool csr = form == "csr";
+    const char* const names[2][4] = {{"kv_lens", "page_indices", "cu_q_lens", "num_seqs"},
+                                     {"qo_indptr", "kv_indptr", "kv_indices",
+                                      "kv_last_page_len"}};
+    std::vector<Array> a;
+    for (int i = 0; i < 4; ++i) a.push_back(Array::Open(tables[i], names[csr][i], false));
+    py::gil_scoped_release release;
+    std::unique_lock lock(mutex_);
+    if (csr) {
+      plan_.Plan(shape,
+                 rpa::CsrPageTable{a[0].const_view(), a[1].const_view(), a[2].const_view(),
+                                   a[3].const_view()},
+                 options);
+    } else {
+      plan_.Plan(shape,
+                 rpa::PageTable{a[0].const_view(), a[1].const_view(), a[2].const_view(),
+                                a[3].const_view()},
+                 options);
+    }
+  }
+
+  // v is None for a combined cache; kv_dtype names a float8 array's own
+  // dtype (rpa._api._as_codes), else a uint8 cache is read as the planned
+  // quantized kv_dtype.
+  py::object Run(py::handle q, py::handle k, py::handle v, py::handle out, py::handle sinks,
+                 py::handle lse, py::handle k_scale, py::handle v_scale, py::handle kv_dtype) {
+    RunArrays a;
+    a.q = Array::Open(q, "q", false);
+    const bool split = !v.is_none();
+    const std::string k_name = split ? "k_pages" : "kv_pages";
+    a.k = Array::Open(k, k_name, false);
+    if (split) a.v = Array::Open(v, "v_pages", false);
+    const std::optional<rpa::DType> as = ReadCacheAs(kv_dtype);
+    a.k.Reinterpret(as, k_name, "kv_dtype");
+    if (split) a.v.Reinterpret(as, "v_pages", "kv_dtype");
+    rpa::RunExtras extras;
+    extras.k_scale = OptionalFloat(k_scale, "k_scale");
+    extras.v_scale = OptionalFloat(v_scale, "v_scale");
+    extras.sinks = OpenSinks(sinks, a.sinks);
+    RowOutputs outputs(out, lse, {&a.q, &a.k, &a.v, &a.sinks});
+    extras.lse = outputs.LseView();
+    {
+      py::gil_scoped_release release;
+      std::shared_lock lock(mutex_);
+      if (split) {
+        const std::optional<rpa::KVLayout> layout = plan_.shape().kv_layout;
+        plan_.Run(a.q.const_view(),
+                  rpa::KVPages{a.k.const_view(), a.v.const_view(),
+                               layout.value_or(rpa::KVLayout::kNHD)},
+                  outputs.out.view(), extras);
+      } else {
+        plan_.Run(a.q.const_view(), a.k.const_view(), outputs.out.view(), extras);
+      }
+    }
+    outputs.Commit();
+    return py::reinterpret_borrow<py::object>(out);
+  }
+
+  py::dict Info() {
+    py::gil_scoped_release release;
+    std::shared_lock lock(mutex_);
+    py::gil_scoped_acquire acquire;
+    py::dict info;
+    info["planned"] = plan_.planned();
+    const rpa::AttentionShape s = plan_.shape();
+    info["num_tokens"] = s.num_tokens;
+    info["num_q_heads"] = s.num_q_heads;
+    info["num_kv_heads"] = s.num_kv_heads;
+    info["head_dim"] = s.head_dim;
+    info["num_pages"] = s.num_pages;
+    info["page_size"] = s.page_size;
+    info["q_dtype"] = std::string(rpa::ToString(s.q_dtype));
+    info["kv_dtype"] = std::string(rpa::ToString(s.kv_dtype));
+    info["kv_layout"] = s.kv_layout ? py::object(py::str(std::string(rpa::ToString(*s.kv_layout))))
+                                    : py::object(py::none());
+    info["num_seqs"] = plan_.num_seqs();
+    info["num_threads"] = plan_.num_threads();
+    const rpa::BlockSizes b = plan_.block_sizes();
+    info["num_kv_pages_per_block"] = b.num_kv_pages_per_block;
+    info["num_queries_per_block"] = b.num_queries_per_block;
+    info["kernels"] = plan_.DescribeKernels();
+    return info;
+  }
+
+ private:
+  struct RunArrays {
+    Array q, k, v, sinks;
+  };
+
+  static rpa::AttentionShape Shape(const PlanArgs& args) {
+    const rpa::DType q_dtype = DtypeByName(args.q_dtype, "q_dtype");
+    return rpa::AttentionShape{
+        OptionalInt(args.num_tokens, "num_tokens").value_or(-1),
+        RequiredInt(args.num_q_heads, "num_q_heads"),
+        RequiredInt(args.num_kv_heads, "num_kv_heads"),
+        RequiredInt(args.head_dim, "head_dim"),
+        RequiredInt(args.num_pages, "num_pages"),
+        RequiredInt(args.page_size, "page_size"),
+        q_dtype,
+        args.kv_dtype.is_none() ? q_dtype : DtypeByName(args.kv_dtype, "kv_dtype"),
+        ToLayout(args.kv_layout)};
+  }
+
+  static rpa::AttentionOptions Options(const PlanArgs& args) {
+    rpa::AttentionOptions options = ToOptions(args.options);
+    const std::optional<int64_t> window_left = OptionalInt(args.window_left, "window_left");
+    if (window_left) {
+      if (options.sliding_window) {
+        ThrowValue(rpa::ErrorKind::kOption,
+                   "sliding_window=" + std::to_string(*options.sliding_window) +
+                       " and window_left=" + std::to_string(*window_left) +
+                       " are the same option. Pass one: sliding_window = window_left + 1.");
+      }
+      options.sliding_window = rpa::SlidingWindowFromWindowLeft(*window_left);
+    }
+    return options;
+  }
+
+  std::optional<rpa::DType> ReadCacheAs(py::handle kv_dtype) {
+    if (!kv_dtype.is_none()) return ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true);
+    py::gil_scoped_release release;
+    std::shared_lock lock(mutex_);
+    const rpa::DType planned = plan_.shape().kv_dtype;
+    return IsQuantized(planned) ? std::optional<rpa::DType>(planned) : std::nullopt;
+  }
+
+  rpa::AttentionPlan plan_;
+  std::shared_mutex mutex_;
+};
 
 // For tests and debugging: how an argument reaches the library.
 py::dict ViewInfo(py::handle obj, bool writable) {
@@ -1037,7 +1222,8 @@ PYBIND11_MODULE(_rpa, m) {
       "rpa.ragged_paged_attention_with_kv_write.");
 
   m.def("merge_states", &Merge, py::arg("out_a"), py::arg("lse_a"), py::arg("out_b"),
-        py::arg("lse_b"), py::arg("out"), py::arg("lse"),
+        py::arg("lse_b"), py::arg("out"), py::arg("lse"), py::kw_only(),
+        py::arg("lse_base").none(true) = py::none(),
         "Merges two partial attentions into `out` and `lse`; see rpa.merge_states.");
   m.def("quantize", &Quantize, py::arg("x"), py::arg("dtype"), py::arg("scale").none(true),
         py::arg("out"), "Writes x / scale as `dtype` codes into `out`; see rpa.quantize.");
@@ -1107,6 +1293,48 @@ PYBIND11_MODULE(_rpa, m) {
       "chooses; see rpa.get_tuned_block_sizes.");
   m.def("load_tuned_block_sizes", &rpa::LoadTunedBlockSizes, py::arg("path"),
         "Loads a tuned block-size table (rpa tune's JSON); see rpa.load_tuned_block_sizes.");
+
+  py::class_<Plan>(m, "AttentionPlan",
+                   "rpa::AttentionPlan: plan once per step, run per layer; see "
+                   "rpa.BatchAttention.")
+      .def(py::init<>())
+      .def(
+          "plan",
+          [](Plan& self, const std::string& form, py::handle a, py::handle b, py::handle c,
+             py::handle d, py::object num_tokens, py::object num_q_heads,
+             py::object num_kv_heads, py::object head_dim, py::object num_pages,
+             py::object page_size, py::object q_dtype, py::object kv_dtype, py::object kv_layout,
+             py::object window_left, py::object sm_scale, py::object sliding_window,
+             py::object soft_cap, py::object mask_value, py::object k_scale, py::object v_scale,
+             py::object num_kv_pages_per_block, py::object num_queries_per_block,
+             py::object vmem_limit_bytes, py::object num_threads) {
+            self.PlanFrom(form, {a, b, c, d},
+                          PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
+                                   page_size, q_dtype, kv_dtype, kv_layout, window_left,
+                                   {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
+                                    v_scale, num_kv_pages_per_block, num_queries_per_block,
+                                    vmem_limit_bytes, num_threads}});
+          },
+          py::arg("form"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::kw_only(),
+          py::arg("num_tokens").none(true), py::arg("num_q_heads"), py::arg("num_kv_heads"),
+          py::arg("head_dim"), py::arg("num_pages"), py::arg("page_size"), py::arg("q_dtype"),
+          py::arg("kv_dtype").none(true), py::arg("kv_layout").none(true),
+          py::arg("window_left").none(true), py::arg("sm_scale").none(true),
+          py::arg("sliding_window").none(true), py::arg("soft_cap").none(true),
+          py::arg("mask_value").none(true), py::arg("k_scale").none(true),
+          py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
+          py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
+          py::arg("num_threads").none(true),
+          "Plans from JAX's page table (form='jax': kv_lens, page_indices, cu_q_lens, "
+          "num_seqs) or FlashInfer's (form='csr': qo_indptr, kv_indptr, kv_indices, "
+          "kv_last_page_len).")
+      .def("run", &Plan::Run, py::arg("q"), py::arg("k"), py::arg("v").none(true),
+           py::arg("out"), py::kw_only(), py::arg("sinks").none(true) = py::none(),
+           py::arg("lse").none(true) = py::none(), py::arg("k_scale").none(true) = py::none(),
+           py::arg("v_scale").none(true) = py::none(),
+           py::arg("kv_dtype").none(true) = py::none(),
+           "Runs the plan into `out` (and `lse`) and returns out.")
+      .def("info", &Plan::Info, "The planned shape, sequences, threads, tiles and kernels.");
 
   m.def("view_info", &ViewInfo, py::arg("x"), py::arg("writable") = false,
         "How an array reaches the library: data pointer, dtype, shape, element strides and "

@@ -1,6 +1,6 @@
-// The fast path: plan, then run the kernel tasks on the thread pool, then
-// merge split tasks. Nothing here allocates once the per-thread workspace
-// has grown to the largest problem seen.
+// The fast path's run: the kernel tasks of a plan on the thread pool, then
+// the merges of split tasks. Nothing here allocates once the calling
+// thread's workspace has grown to the largest plan it ran.
 #include "compute.h"
 
 #include <algorithm>
@@ -42,7 +42,6 @@ class ScratchBuffer {
 };
 
 struct Workspace {
-  Plan plan;
   std::vector<ScratchBuffer> worker_buffers;
   std::vector<WorkerScratch> scratch;
   ScratchBuffer partials;
@@ -142,20 +141,15 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
 
 }  // namespace
 
-void ComputeAttention(const AttentionProblem& problem) {
+void RunPlan(const AttentionProblem& problem, const Plan& plan) {
   ZeroPaddingRows(problem);
-  if (problem.num_seqs <= 0) return;
-  // One workspace per calling thread: concurrent callers never share one,
-  // and a thread's repeated calls reuse it.
+  if (problem.num_seqs <= 0 || plan.tasks.empty()) return;
+  // One workspace per calling thread: concurrent callers (of one plan, too)
+  // never share one, and a thread's repeated calls reuse it.
   // (A lambda does not capture a thread_local: the workers must reach this
   // thread's workspace through a plain reference.)
   thread_local Workspace workspace;
   Workspace& ws = workspace;
-  const int threads = ResolveNumThreads(problem.num_threads);
-  Plan& plan = ws.plan;
-  BuildPlan(problem, threads, plan);
-  if (plan.tasks.empty()) return;
-
   const int workers = plan.num_workers;
   if (static_cast<int>(ws.worker_buffers.size()) < workers) ws.worker_buffers.resize(workers);
   ws.scratch.resize(std::max<size_t>(ws.scratch.size(), static_cast<size_t>(workers)));
@@ -180,6 +174,16 @@ void ComputeAttention(const AttentionProblem& problem) {
                        MergeGroupRows(problem, plan, plan.merges[i], partials);
                      });
   }
+}
+
+void ComputeAttention(const AttentionProblem& problem) {
+  thread_local Plan plan;
+  if (problem.num_seqs > 0) {
+    BuildPlan(problem, ResolveNumThreads(problem.num_threads), plan);
+  } else {
+    plan.tasks.clear();
+  }
+  RunPlan(problem, plan);
 }
 
 std::string DescribeKernels(const AttentionProblem& problem) {

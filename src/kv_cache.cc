@@ -1,6 +1,6 @@
 #include "rpa/kv_cache.h"
 
-#include "compute.h"
+#include "plan_state.h"
 #include "format.h"
 #include "validate_internal.h"
 
@@ -60,14 +60,17 @@ void WriteNewTokens(const TensorView& new_k, const TensorView& new_v, const Atte
   }
 }
 
-void WriteThenAttend(const internal::RaggedInputs& inputs, const TensorView& new_k,
-                     const TensorView& new_v, const AttentionOptions& options,
-                     const MutableTensorView& out) {
-  const AttentionProblem problem = internal::ValidateRagged(inputs, options, out);
-  CheckNewRows(new_k, "new_k", problem);
-  CheckNewRows(new_v, "new_v", problem);
-  WriteNewTokens(new_k, new_v, problem);
-  internal::ComputeAttention(problem);
+// Plans (validating everything, the metadata on the plan's copy), checks
+// the new rows, writes them where the plan's copy says, then runs the plan.
+void WriteThenAttend(const internal::RaggedInputs& inputs, const internal::RunInputs& run,
+                     const TensorView& new_k, const TensorView& new_v,
+                     const AttentionOptions& options, const MutableTensorView& out) {
+  internal::PlanState& state = internal::ThreadPlanState();
+  internal::PlanCall(inputs, options, out, state);
+  CheckNewRows(new_k, "new_k", state.problem);
+  CheckNewRows(new_v, "new_v", state.problem);
+  WriteNewTokens(new_k, new_v, state.problem);
+  internal::RunPlanned(state, run, out, RunExtras{options.sinks, options.lse, {}, {}});
 }
 
 }  // namespace
@@ -76,15 +79,17 @@ void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_
                                      const TensorView& new_v, const MutableTensorView& kv_pages,
                                      const PageTable& page_table, const AttentionOptions& options,
                                      const MutableTensorView& out) {
-  WriteThenAttend(internal::CombinedInputs(q, kv_pages, page_table), new_k, new_v, options, out);
+  WriteThenAttend(internal::CombinedInputs(q, kv_pages, page_table),
+                  internal::CombinedRun(q, kv_pages), new_k, new_v, options, out);
 }
 
 void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
                                      const TensorView& new_v, const MutableKVPages& kv,
                                      const PageTable& page_table, const AttentionOptions& options,
                                      const MutableTensorView& out) {
-  WriteThenAttend(internal::SplitInputs(q, KVPages{kv.k_pages, kv.v_pages, kv.layout}, page_table),
-                  new_k, new_v, options, out);
+  const KVPages pages{kv.k_pages, kv.v_pages, kv.layout};
+  WriteThenAttend(internal::SplitInputs(q, pages, page_table), internal::SplitRun(q, pages), new_k,
+                  new_v, options, out);
 }
 
 }  // namespace rpa

@@ -32,7 +32,7 @@ void CheckLike(const TensorView& t, std::string_view name, const TensorView& mod
 
 void MergeStates(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                  const TensorView& lse_b, const MutableTensorView& out,
-                 const MutableTensorView& lse) {
+                 const MutableTensorView& lse, LseBase base) {
   // out_a and lse_a are checked as views of their own; the other four like them.
   RPA_CHECK(out_a.rank == 3, ErrorKind::kShape,
             StrCat("out_a.shape=", out_a.ShapeString(),
@@ -72,8 +72,9 @@ void MergeStates(const TensorView& out_a, const TensorView& lse_a, const TensorV
       const float shift = std::max(la, lb);
       // Both sides empty: no key anywhere.
       const bool empty = shift == -INFINITY;
-      const float wa = empty ? 0.0f : std::exp(la - shift);
-      const float wb = empty ? 0.0f : std::exp(lb - shift);
+      const bool two = base == LseBase::k2;
+      const float wa = empty ? 0.0f : two ? std::exp2(la - shift) : std::exp(la - shift);
+      const float wb = empty ? 0.0f : two ? std::exp2(lb - shift) : std::exp(lb - shift);
       const float total = wa + wb;
       const int64_t a_base = i * out_a.strides[0] + h * out_a.strides[1];
       const int64_t b_base = i * out_b.strides[0] + h * out_b.strides[1];
@@ -87,7 +88,7 @@ void MergeStates(const TensorView& out_a, const TensorView& lse_a, const TensorV
         StoreFromF32(out.dtype, out.data, o_base + d, merged);
       }
       static_cast<float*>(lse.data)[i * lse.strides[0] + h * lse.strides[1]] =
-          empty ? -INFINITY : shift + std::log(total);
+          empty ? -INFINITY : shift + (two ? std::log2(total) : std::log(total));
     }
   }
 }

@@ -53,9 +53,13 @@ struct AttentionProblem {
   // cu_q_lens non-decreasing from >= 0 up to <= num_tokens, q_len <= kv_len,
   // and every page index of the first ceil(kv_len / page_size) columns of
   // each live sequence in [0, num_pages).
+  // Sequence i's pages start at page_indices + page_begin[i] when page_begin
+  // is set (a plan's compact copy: every form of page table becomes it,
+  // src/metadata_copy.h), else at row i of JAX's padded matrix.
   const int32_t* kv_lens = nullptr;       // [max_num_seqs]
-  const int32_t* page_indices = nullptr;  // [max_num_seqs, pages_per_seq]
+  const int32_t* page_indices = nullptr;  // [max_num_seqs, pages_per_seq] or compact
   int64_t page_indices_row_stride = 0;
+  const int64_t* page_begin = nullptr;    // [num_seqs] or null
   const int32_t* cu_q_lens = nullptr;     // [max_num_seqs + 1]
   int32_t num_seqs = 0;
 
@@ -78,7 +82,8 @@ struct AttentionProblem {
 
   int64_t QueriesPerKvHead() const { return num_q_heads / num_kv_heads; }
   int32_t PageIndex(int64_t seq, int64_t column) const {
-    return page_indices[seq * page_indices_row_stride + column];
+    const int64_t row = page_begin != nullptr ? page_begin[seq] : seq * page_indices_row_stride;
+    return page_indices[row + column];
   }
   // Whether fully masked key blocks may be skipped (docs/contract.md §1): their weight is
   // then exactly 0 in f32.

@@ -49,6 +49,14 @@ void CheckInnermostContiguous(const TensorView& t, std::string_view name) {
                    " whose last stride is 1 (other strides are free), or a contiguous copy."));
 }
 
+void CheckRank(const TensorView& t, std::string_view name, int rank, std::string_view dims) {
+  RPA_CHECK(t.rank == rank, ErrorKind::kShape,
+            StrCat(name, ".shape=", t.ShapeString(), " must have ", rank, " dimensions ", dims,
+                   "."),
+            StrCat("Pass ", name, " as a ", rank, "-dimensional array ", dims, "."));
+  CheckNonNegativeExtents(t, name);
+}
+
 namespace {
 
 constexpr int kMaxThreads = 256;
@@ -59,14 +67,6 @@ constexpr std::string_view kKvDtypes =
 bool IsQDtype(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 bool IsKvDtype(DType d) {
   return IsQDtype(d) || d == DType::kF8E4M3FN || d == DType::kF8E5M2 || d == DType::kI8;
-}
-
-void CheckRank(const TensorView& t, std::string_view name, int rank, std::string_view dims) {
-  RPA_CHECK(t.rank == rank, ErrorKind::kShape,
-            StrCat(name, ".shape=", t.ShapeString(), " must have ", rank, " dimensions ", dims,
-                   "."),
-            StrCat("Pass ", name, " as a ", rank, "-dimensional array ", dims, "."));
-  CheckNonNegativeExtents(t, name);
 }
 
 void CheckPositiveExtent(int64_t extent, std::string_view name, std::string_view fix) {
@@ -116,8 +116,11 @@ void DescribeCache(const RaggedInputs& in, AttentionProblem& p) {
     pages.page_stride = t.strides[page_dim];
     pages.slot_stride = t.strides[slot_dim];
     pages.head_stride = t.strides[head_dim_index] * head_step;
-    pages.data = static_cast<const char*>(t.data) +
-                 first_head * t.strides[head_dim_index] * static_cast<int64_t>(SizeOf(t.dtype));
+    // A plan's views have no data (ShapeInputs): they stay null.
+    pages.data = t.data == nullptr ? nullptr
+                                   : static_cast<const char*>(t.data) +
+                                         first_head * t.strides[head_dim_index] *
+                                             static_cast<int64_t>(SizeOf(t.dtype));
     return pages;
   };
   switch (in.layout) {
@@ -212,14 +215,13 @@ RaggedInputs SplitInputs(const TensorView& q, const KVPages& kv, const PageTable
                       page_table.num_seqs};
 }
 
-AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& options) {
+void CheckTensorRanks(const RunInputs& in) {
   const bool combined = in.layout == CacheLayout::kCombined;
   const std::string_view cache_name = combined ? "kv_pages" : "k_pages";
   const std::string_view cache_dims =
       combined ? "[total_num_pages, page_size, 2 * num_kv_heads, head_dim]"
       : in.layout == CacheLayout::kNHD ? "[total_num_pages, page_size, num_kv_heads, head_dim]"
                                        : "[total_num_pages, num_kv_heads, page_size, head_dim]";
-
   // What JAX's tuple unpacking and asserts would reject.
   CheckRank(in.q, "q", 3, "[max_num_batched_tokens, num_q_heads, head_dim]");
   CheckRank(in.k_pages, cache_name, 4, cache_dims);
@@ -234,15 +236,36 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
               StrCat("k_pages.dtype=", PyRepr(in.k_pages.dtype), " must be the same as v_pages.dtype=",
                      PyRepr(in.v_pages.dtype), "."),
               "Store K and V in one dtype.");
-  }
-  CheckRank(in.page_indices, "page_indices", 2, "[max_num_seqs, pages_per_seq]");
-  if (combined) {
+  } else {
     const int64_t combined_heads = in.k_pages.shape[2];
     RPA_CHECK(combined_heads % 2 == 0, ErrorKind::kShape,
               StrCat(NameEq("num_combined_kv_heads", combined_heads), " (kv_pages.shape[2]) must be even."),
               "In the combined layout head 2h holds K and head 2h + 1 holds V of kv head h; "
               "interleave K and V so kv_pages.shape[2] = 2 * num_kv_heads.");
   }
+}
+
+void CheckQHeadDim(int64_t q_head_dim, int64_t head_dim, std::string_view cache_name) {
+  RPA_CHECK(q_head_dim == head_dim, ErrorKind::kShape,
+            StrCat("Q head_dim ", q_head_dim, " must be the same as that of K/V ", head_dim, "."),
+            StrCat("Q, K and V must share one head_dim: q.shape[2] == ", cache_name, ".shape[3]."));
+}
+
+void CheckShapeViews(const RunInputs& in) {
+  const bool combined = in.layout == CacheLayout::kCombined;
+  const std::string_view cache_name = combined ? "kv_pages" : "k_pages";
+  CheckTensorRanks(in);
+  CheckQHeadDim(in.q.shape[2], in.k_pages.shape[3], cache_name);
+  CheckInnermostContiguous(in.q, "q");
+  CheckInnermostContiguous(in.k_pages, cache_name);
+  if (!combined) CheckInnermostContiguous(in.v_pages, "v_pages");
+}
+
+AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& options) {
+  const bool combined = in.layout == CacheLayout::kCombined;
+  const std::string_view cache_name = combined ? "kv_pages" : "k_pages";
+  CheckTensorRanks(RunInputs{in.q, in.k_pages, in.v_pages, in.layout});
+  CheckRank(in.page_indices, "page_indices", 2, "[max_num_seqs, pages_per_seq]");
 
   AttentionProblem p;
   DescribeCache(in, p);
@@ -267,10 +290,7 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   RPA_CHECK(in.num_seqs.rank == 1 && in.num_seqs.shape[0] == 1, ErrorKind::kShape,
             StrCat("num_seqs.shape=", in.num_seqs.ShapeString(), " must be (1,)"),
             "Pass num_seqs as a one-element int32 array holding the number of live sequences.");
-  const int64_t q_head_dim = in.q.shape[2];
-  RPA_CHECK(q_head_dim == p.head_dim, ErrorKind::kShape,
-            StrCat("Q head_dim ", q_head_dim, " must be the same as that of K/V ", p.head_dim, "."),
-            StrCat("Q, K and V must share one head_dim: q.shape[2] == ", cache_name, ".shape[3]."));
+  CheckQHeadDim(in.q.shape[2], p.head_dim, cache_name);
   RPA_CHECK(in.kv_lens.rank == 1 && in.kv_lens.shape[0] == p.max_num_seqs, ErrorKind::kShape,
             StrCat("Expected kv_lens.shape=", in.kv_lens.ShapeString(), " to be (", p.max_num_seqs,
                    ",) where `max_num_seqs` is `page_indices.shape[0]`."),
@@ -310,9 +330,8 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
     RPA_CHECK(blocks > 0 && blocks <= p.pages_per_seq, ErrorKind::kBlockSize,
               StrCat(NameEq("num_kv_pages_per_block", blocks), " must be in range (0, ",
                      p.pages_per_seq, "]."),
-              StrCat("Pass None to let the library choose, or at most pages_per_seq = "
-                     "page_indices.shape[1] = ",
-                     p.pages_per_seq,
+              StrCat("Pass None to let the library choose, or at most pages_per_seq = ",
+                     in.pages_per_seq_name, " = ", p.pages_per_seq,
                      "; pages_per_seq depends on page_size (ceil(max_model_len / page_size)), "
                      "so a value tuned for another page size will not fit."));
   }
@@ -370,7 +389,30 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   return p;
 }
 
-void DynamicValidate(int32_t num_seqs, AttentionProblem& p, const MetadataNames& names) {
+void CheckNonDecreasing(std::string_view name, int64_t i, int32_t before, int32_t after,
+                        std::string_view fix) {
+  RPA_CHECK(after >= before, ErrorKind::kMetadata,
+            StrCat(name, "[", i + 1, "]=", after, " must be greater or equal to ", name, "[", i,
+                   "]=", before, "."),
+            fix);
+}
+
+void CheckTotalQTokens(int64_t total_q_tokens, const AttentionProblem& p, std::string_view fix) {
+  RPA_CHECK(total_q_tokens <= p.num_tokens, ErrorKind::kMetadata,
+            StrCat("Total q tokens ", total_q_tokens, " must be less or equal to ",
+                   NameEq("max_num_batched_tokens", p.num_tokens), "."),
+            fix);
+}
+
+void CheckQLenAtMostKvLen(int64_t q_len, int64_t kv_len, int64_t seq, std::string_view fix) {
+  RPA_CHECK(q_len <= kv_len, ErrorKind::kMetadata,
+            StrCat(NameEq("q_len", q_len), " must be less or equal to ", NameEq("kv_len", kv_len),
+                   " at sequence ", seq, "."),
+            fix);
+}
+
+void CopyMetadata(int32_t num_seqs, const MetadataNames& names, AttentionProblem& p,
+                  MetadataCopy& copy) {
   RPA_CHECK(num_seqs <= p.max_num_seqs, ErrorKind::kMetadata,
             StrCat("num_seqs[0]=", num_seqs, " must be less or equal to ",
                    NameEq("max_num_seqs", p.max_num_seqs)),
@@ -380,9 +422,16 @@ void DynamicValidate(int32_t num_seqs, AttentionProblem& p, const MetadataNames&
             StrCat("num_seqs[0]=", num_seqs, " must be greater or equal to 0."),
             "Pass the number of live sequences, 0 for an empty batch.");
 
+  // Copied first, then checked: what is checked is what the run reads,
+  // whatever the caller writes into its arrays meanwhile or later.
+  copy.kv_lens.assign(p.kv_lens, p.kv_lens + num_seqs);
+  copy.cu_q_lens.assign(p.cu_q_lens, p.cu_q_lens + num_seqs + 1);
+  const int32_t* kv_lens = copy.kv_lens.data();
+  const int32_t* cu_q_lens = copy.cu_q_lens.data();
+
   int64_t max_kv_len = 0;
   for (int32_t i = 0; i < num_seqs; ++i) {
-    const int32_t kv_len = p.kv_lens[i];
+    const int32_t kv_len = kv_lens[i];
     RPA_CHECK(kv_len >= 0, ErrorKind::kMetadata,
               StrCat(names.lens, "[", i, "]=", kv_len, " must be greater or equal to 0."),
               StrCat(names.lens, " holds each sequence's number of tokens in the cache."));
@@ -399,44 +448,55 @@ void DynamicValidate(int32_t num_seqs, AttentionProblem& p, const MetadataNames&
             "sequences.");
 
   if (names.require_q_len_le_kv_len) {
-    RPA_CHECK(p.cu_q_lens[0] >= 0, ErrorKind::kMetadata,
-              StrCat("cu_q_lens[0]=", p.cu_q_lens[0], " must be greater or equal to 0."),
+    RPA_CHECK(cu_q_lens[0] >= 0, ErrorKind::kMetadata,
+              StrCat("cu_q_lens[0]=", cu_q_lens[0], " must be greater or equal to 0."),
               "cu_q_lens[i] is the q row where sequence i starts; rows start at 0.");
     for (int32_t i = 0; i < num_seqs; ++i) {
-      RPA_CHECK(p.cu_q_lens[i + 1] >= p.cu_q_lens[i], ErrorKind::kMetadata,
-                StrCat("cu_q_lens[", i + 1, "]=", p.cu_q_lens[i + 1],
-                       " must be greater or equal to cu_q_lens[", i, "]=", p.cu_q_lens[i], "."),
-                "cu_q_lens is the running sum of the q lengths: it never decreases.");
+      CheckNonDecreasing("cu_q_lens", i, cu_q_lens[i], cu_q_lens[i + 1],
+                         "cu_q_lens is the running sum of the q lengths: it never decreases.");
     }
-    const int32_t total_q_tokens = p.cu_q_lens[num_seqs];
-    RPA_CHECK(total_q_tokens <= p.num_tokens, ErrorKind::kMetadata,
-              StrCat("Total q tokens ", total_q_tokens, " must be less or equal to ",
-                     NameEq("max_num_batched_tokens", p.num_tokens), "."),
-              "cu_q_lens[num_seqs] counts the q rows in use; make q taller or the batch "
-              "smaller.");
+    CheckTotalQTokens(cu_q_lens[num_seqs], p,
+                      "cu_q_lens[num_seqs] counts the q rows in use; make q taller or the batch "
+                      "smaller.");
     for (int32_t i = 0; i < num_seqs; ++i) {
-      const int64_t q_len = static_cast<int64_t>(p.cu_q_lens[i + 1]) - p.cu_q_lens[i];
-      RPA_CHECK(q_len <= p.kv_lens[i], ErrorKind::kMetadata,
-                StrCat(NameEq("q_len", q_len), " must be less or equal to ",
-                       NameEq("kv_len", static_cast<int64_t>(p.kv_lens[i])), " at sequence ", i,
-                       "."),
-                "A sequence's new tokens are part of its history: kv_lens[i] counts them too.");
+      CheckQLenAtMostKvLen(static_cast<int64_t>(cu_q_lens[i + 1]) - cu_q_lens[i], kv_lens[i], i,
+                           "A sequence's new tokens are part of its history: kv_lens[i] counts "
+                           "them too.");
     }
   }
 
+  // The pages each live sequence reads, copied from the caller's padded
+  // matrix (p still points at it) and checked as copied.
+  int64_t pages_read = 0;
+  for (int32_t i = 0; i < num_seqs; ++i) pages_read += (kv_lens[i] + p.page_size - 1) / p.page_size;
+  copy.page_indices.clear();
+  copy.page_indices.reserve(static_cast<size_t>(pages_read));
+  copy.page_begin.resize(static_cast<size_t>(num_seqs) + 1);
   for (int32_t i = 0; i < num_seqs; ++i) {
-    const int64_t pages_read = (static_cast<int64_t>(p.kv_lens[i]) + p.page_size - 1) / p.page_size;
-    for (int64_t column = 0; column < pages_read; ++column) {
+    copy.page_begin[i] = static_cast<int64_t>(copy.page_indices.size());
+    const int64_t columns = (static_cast<int64_t>(kv_lens[i]) + p.page_size - 1) / p.page_size;
+    for (int64_t column = 0; column < columns; ++column) {
       const int32_t page = p.PageIndex(i, column);
       RPA_CHECK(page >= 0 && page < p.num_pages, ErrorKind::kPageIndex,
                 StrCat("page_indices[", i, ", ", column, "]=", page,
                        " must be in range [0, ", NameEq("total_num_pages", p.num_pages),
                        ") because sequence ", i, " reads it (", names.lens, "[", i,
-                       "]=", p.kv_lens[i], ", ", NameEq("page_size", p.page_size), ")."),
+                       "]=", kv_lens[i], ", ", NameEq("page_size", p.page_size), ")."),
                 "Point every page a sequence's kv_len covers at a page of the cache; columns "
                 "beyond ceil(kv_len / page_size) are never read and may hold anything.");
+      copy.page_indices.push_back(page);
     }
   }
+  copy.page_begin[num_seqs] = static_cast<int64_t>(copy.page_indices.size());
+  copy.Bind(p);
+  p.num_seqs = num_seqs;
+}
+
+void DynamicValidate(int32_t num_seqs, AttentionProblem& p, const MetadataNames& names) {
+  // The checks on a throwaway copy: p keeps reading the caller's arrays.
+  MetadataCopy copy;
+  AttentionProblem checked = p;
+  CopyMetadata(num_seqs, names, checked, copy);
   p.num_seqs = num_seqs;
 }
 
@@ -455,6 +515,154 @@ void BindOutput(const TensorView& q, const MutableTensorView& out, AttentionProb
   p.out_head_stride = out.strides[1];
 }
 
+namespace {
+
+// The planned extents of a run's view, as a Python tuple: "(16, 4, 64)".
+std::string TupleString(std::initializer_list<int64_t> extents) {
+  std::string s = "(";
+  for (int64_t e : extents) s += (s.size() > 1 ? ", " : "") + std::to_string(e);
+  return s + (extents.size() == 1 ? ",)" : ")");
+}
+
+void CheckPlannedShape(const TensorView& t, std::string_view name,
+                       std::initializer_list<int64_t> planned, std::string_view dims) {
+  bool same = t.rank == static_cast<int>(planned.size());
+  int d = 0;
+  for (int64_t extent : planned) {
+    same = same && t.shape[d] == extent;
+    ++d;
+  }
+  RPA_CHECK(same, ErrorKind::kShape,
+            StrCat(name, ".shape=", t.ShapeString(), " must be ", TupleString(planned),
+                   " as planned ", dims, "."),
+            "Run a plan on tensors of the shapes it was planned for (AttentionShape), or plan "
+            "again for these.");
+}
+
+void CheckPlannedDtype(const TensorView& t, std::string_view name, DType planned,
+                       std::string_view planned_name) {
+  RPA_CHECK(t.dtype == planned, ErrorKind::kDtype,
+            StrCat(name, ".dtype=", PyRepr(t.dtype), " must be the planned ", planned_name, "=",
+                   PyRepr(planned), "."),
+            "Run a plan on tensors of the dtypes it was planned for, or plan again for these.");
+}
+
+void CheckShapeExtent(int64_t extent, std::string_view name) {
+  RPA_CHECK(extent >= INT32_MIN && extent <= INT32_MAX, ErrorKind::kShape,
+            StrCat(NameEq(name, extent), " must fit in int32."),
+            "An AttentionShape describes tensors in memory: pass their extents (rpa::ShapeOf "
+            "reads them from the views).");
+}
+
+}  // namespace
+
+RaggedInputs ShapeInputs(const AttentionShape& shape, const PageTable& page_table) {
+  CheckShapeExtent(shape.num_tokens, "num_tokens");
+  CheckShapeExtent(shape.num_q_heads, "num_q_heads");
+  CheckShapeExtent(shape.num_kv_heads, "num_kv_heads");
+  CheckShapeExtent(shape.head_dim, "head_dim");
+  CheckShapeExtent(shape.num_pages, "num_pages");
+  CheckShapeExtent(shape.page_size, "page_size");
+  // Views without data: StaticValidate checks their extents and dtypes as
+  // it checks real tensors', and never reads them.
+  const int64_t tokens = shape.num_tokens == -1 ? kTokensOfPageTable : shape.num_tokens;
+  const TensorView q(nullptr, shape.q_dtype, {tokens, shape.num_q_heads, shape.head_dim});
+  const int64_t pages = shape.num_pages, slots = shape.page_size, heads = shape.num_kv_heads;
+  switch (LayoutOf(shape)) {
+    case CacheLayout::kCombined:
+      return CombinedInputs(
+          q, TensorView(nullptr, shape.kv_dtype, {pages, slots, 2 * heads, shape.head_dim}),
+          page_table);
+    case CacheLayout::kNHD: {
+      const TensorView k(nullptr, shape.kv_dtype, {pages, slots, heads, shape.head_dim});
+      return SplitInputs(q, KVPages{k, k, KVLayout::kNHD}, page_table);
+    }
+    case CacheLayout::kHND:
+      break;
+  }
+  const TensorView k(nullptr, shape.kv_dtype, {pages, heads, slots, shape.head_dim});
+  return SplitInputs(q, KVPages{k, k, KVLayout::kHND}, page_table);
+}
+
+void CheckPlanOptions(const AttentionOptions& options) {
+  RPA_CHECK(!options.sinks, ErrorKind::kOption,
+            "options.sinks belongs to each run, not to the plan.",
+            "Pass sinks to AttentionPlan::Run in RunExtras::sinks (each layer has its own).");
+  RPA_CHECK(!options.lse, ErrorKind::kOption, "options.lse belongs to each run, not to the plan.",
+            "Pass lse to AttentionPlan::Run in RunExtras::lse (each layer writes its own).");
+}
+
+RunInputs CombinedRun(const TensorView& q, const TensorView& kv_pages) {
+  return RunInputs{q, kv_pages, kv_pages, CacheLayout::kCombined};
+}
+
+RunInputs SplitRun(const TensorView& q, const KVPages& kv) {
+  return RunInputs{q, kv.k_pages, kv.v_pages,
+                   kv.layout == KVLayout::kNHD ? CacheLayout::kNHD : CacheLayout::kHND};
+}
+
+void BindRun(const RunInputs& in, const MutableTensorView& out, const RunExtras& extras,
+             CacheLayout planned_layout, AttentionProblem& p) {
+  auto describe = [](CacheLayout layout) {
+    return layout == CacheLayout::kCombined ? std::string("JAX's combined kv_pages")
+                                            : StrCat("separate K and V caches in the ",
+                                                     layout == CacheLayout::kNHD ? "NHD" : "HND",
+                                                     " layout");
+  };
+  RPA_CHECK(in.layout == planned_layout, ErrorKind::kShape,
+            StrCat("The cache is ", describe(in.layout), ", but the plan is for ",
+                   describe(planned_layout), "."),
+            "Run a plan on a cache of the layout it was planned for (AttentionShape::kv_layout), "
+            "or plan again for this one.");
+  CheckPlannedShape(in.q, "q", {p.num_tokens, p.num_q_heads, p.head_dim},
+                    "[max_num_batched_tokens, num_q_heads, head_dim]");
+  CheckPlannedDtype(in.q, "q", p.q_dtype, "q_dtype");
+  auto split = [&](std::initializer_list<int64_t> planned, std::string_view dims) {
+    CheckPlannedShape(in.k_pages, "k_pages", planned, dims);
+    CheckPlannedShape(in.v_pages, "v_pages", planned, dims);
+  };
+  switch (in.layout) {
+    case CacheLayout::kCombined:
+      CheckPlannedShape(in.k_pages, "kv_pages",
+                        {p.num_pages, p.page_size, 2 * p.num_kv_heads, p.head_dim},
+                        "[total_num_pages, page_size, 2 * num_kv_heads, head_dim]");
+      break;
+    case CacheLayout::kNHD:
+      split({p.num_pages, p.page_size, p.num_kv_heads, p.head_dim},
+            "[total_num_pages, page_size, num_kv_heads, head_dim]");
+      break;
+    case CacheLayout::kHND:
+      split({p.num_pages, p.num_kv_heads, p.page_size, p.head_dim},
+            "[total_num_pages, num_kv_heads, page_size, head_dim]");
+      break;
+  }
+  const bool combined = in.layout == CacheLayout::kCombined;
+  CheckPlannedDtype(in.k_pages, combined ? "kv_pages" : "k_pages", p.kv_dtype, "kv_dtype");
+  if (!combined) CheckPlannedDtype(in.v_pages, "v_pages", p.kv_dtype, "kv_dtype");
+  CheckInnermostContiguous(in.q, "q");
+  CheckInnermostContiguous(in.k_pages, combined ? "kv_pages" : "k_pages");
+  if (!combined) CheckInnermostContiguous(in.v_pages, "v_pages");
+  BindOutput(in.q, out, p);
+  p.sinks = nullptr;
+  p.lse = nullptr;
+  if (extras.sinks) BindSinks(*extras.sinks, p);
+  if (extras.lse) BindLse(*extras.lse, p);
+  CheckFinite(extras.k_scale, "k_scale");
+  CheckFinite(extras.v_scale, "v_scale");
+  if (extras.k_scale) p.k_scale = static_cast<float>(*extras.k_scale);
+  if (extras.v_scale) p.v_scale = static_cast<float>(*extras.v_scale);
+
+  // Everything checked: bind the tensors.
+  p.q = in.q.data;
+  p.q_token_stride = in.q.strides[0];
+  p.q_head_stride = in.q.strides[1];
+  RaggedInputs cache;
+  cache.k_pages = in.k_pages;
+  cache.v_pages = in.v_pages;
+  cache.layout = in.layout;
+  DescribeCache(cache, p);
+}
+
 AttentionProblem ValidateRagged(const RaggedInputs& inputs, const AttentionOptions& options,
                                 const MutableTensorView& out) {
   AttentionProblem problem = StaticValidate(inputs, options);
@@ -463,12 +671,12 @@ AttentionProblem ValidateRagged(const RaggedInputs& inputs, const AttentionOptio
   return problem;
 }
 
-AttentionProblem ValidatePagedAttention(const TensorView& q, const TensorView& k_pages,
-                                        const TensorView& v_pages, const TensorView& lengths,
-                                        const TensorView& page_indices,
-                                        const PagedAttentionOptions& options,
-                                        const MutableTensorView& out,
-                                        std::vector<int32_t>& cu_q_lens_storage) {
+AttentionProblem StaticValidatePagedAttention(const TensorView& q, const TensorView& k_pages,
+                                              const TensorView& v_pages, const TensorView& lengths,
+                                              const TensorView& page_indices,
+                                              const PagedAttentionOptions& options,
+                                              const MutableTensorView& out,
+                                              std::vector<int32_t>& cu_q_lens_storage) {
   constexpr std::string_view kCacheDims = "[num_kv_heads, total_num_pages, page_size, head_dim]";
   CheckRank(q, "q", 3, "[batch_size, num_q_heads, head_dim]");
   CheckRank(k_pages, "k_pages", 4, kCacheDims);
@@ -594,10 +802,6 @@ AttentionProblem ValidatePagedAttention(const TensorView& q, const TensorView& k
       std::min<int64_t>(options.pages_per_compute_block, std::max<int64_t>(pages_per_sequence, 1));
   p.num_threads = std::min(options.num_threads.value_or(0), kMaxThreads);
   BindOutput(q, out, p);
-  // A length-0 slot is a padded batch entry: its query sees no key and its
-  // output row is 0, instead of JAX's q_len <= kv_len rule.
-  DynamicValidate(static_cast<int32_t>(batch_size), p,
-                  MetadataNames{"lengths", "pages_per_sequence", false});
   return p;
 }
 

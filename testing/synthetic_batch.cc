@@ -131,6 +131,21 @@ double MaxAbsDifference(const SyntheticBatch& batch, const std::vector<uint8_t>&
   return worst;
 }
 
+CacheViews ViewsOf(const TensorView& kv) {
+  const int64_t P = kv.shape[0], S = kv.shape[1], H = kv.shape[2] / 2, D = kv.shape[3];
+  const int64_t ps = kv.strides[0], ss = kv.strides[1], hs = kv.strides[2];
+  const auto* k = static_cast<const uint8_t*>(kv.data);
+  const auto* v = k + D * static_cast<int64_t>(SizeOf(kv.dtype));
+  CacheViews c;
+  c.k_nhd = TensorView(k, kv.dtype, {P, S, H, D}, {ps, ss, 2 * hs, 1});
+  c.v_nhd = TensorView(v, kv.dtype, {P, S, H, D}, {ps, ss, 2 * hs, 1});
+  c.k_hnd = TensorView(k, kv.dtype, {P, H, S, D}, {ps, 2 * hs, ss, 1});
+  c.v_hnd = TensorView(v, kv.dtype, {P, H, S, D}, {ps, 2 * hs, ss, 1});
+  c.k_paged = TensorView(k, kv.dtype, {H, P, S, D}, {2 * hs, ps, ss, 1});
+  c.v_paged = TensorView(v, kv.dtype, {H, P, S, D}, {2 * hs, ps, ss, 1});
+  return c;
+}
+
 double ToleranceRatio(const SyntheticBatch& batch, const std::vector<uint8_t>& a,
                       const std::vector<uint8_t>& b, double tolerance) {
   return ToleranceRatio(batch.spec.q_dtype, a.data(), b.data(),

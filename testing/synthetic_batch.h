@@ -62,6 +62,14 @@ struct SyntheticBatch {
 
 SyntheticBatch MakeSyntheticBatch(const BatchSpec& spec);
 
+// Strided views of a combined cache [P, S, 2 * H, D] as the other layouts
+// see the same keys and values: NHD and HND separate caches, and JAX's
+// paged_attention [H, P, S, D].
+struct CacheViews {
+  TensorView k_nhd, v_nhd, k_hnd, v_hnd, k_paged, v_paged;
+};
+CacheViews ViewsOf(const TensorView& kv);
+
 // Max |a - b| over two outputs of the batch's shape and q dtype; NaN if
 // either holds a NaN.
 double MaxAbsDifference(const SyntheticBatch& batch, const std::vector<uint8_t>& a,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numbers>
 #include <random>
 #include <vector>
 
@@ -165,28 +166,35 @@ struct DenseSequence {
   }
 };
 
+// Also with FlashInfer's base-2 LSEs (lse_e * log2(e)): the same output and
+// the base-2 LSE of the whole.
 TEST(MergeStates, SplitAtAnyPointEqualsWhole) {
   const DenseSequence seq;
   std::vector<float> whole, whole_lse;
   seq.Attend(0, seq.length, whole, whole_lse);
   const int64_t heads = seq.q_heads;
   const int64_t dim = seq.head_dim;
-  for (int32_t split = 1; split < seq.length; ++split) {
-    std::vector<float> a, lse_a, b, lse_b;
-    seq.Attend(0, split, a, lse_a);
-    seq.Attend(split, seq.length, b, lse_b);
-    // In place into a / lse_a.
-    MergeStates(TensorView(a.data(), DType::kF32, {1, heads, dim}),
-                TensorView(lse_a.data(), DType::kF32, {1, heads}),
-                TensorView(b.data(), DType::kF32, {1, heads, dim}),
-                TensorView(lse_b.data(), DType::kF32, {1, heads}),
-                MutableTensorView(a.data(), DType::kF32, {1, heads, dim}),
-                MutableTensorView(lse_a.data(), DType::kF32, {1, heads}));
-    for (size_t i = 0; i < whole.size(); ++i) {
-      ASSERT_NEAR(a[i], whole[i], 1e-5) << "split " << split << " element " << i;
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      ASSERT_NEAR(lse_a[h], whole_lse[h], 1e-5) << "split " << split << " head " << h;
+  for (LseBase base : {LseBase::kE, LseBase::k2}) {
+    const float unit = base == LseBase::k2 ? std::numbers::log2e_v<float> : 1.0f;
+    for (int32_t split = 1; split < seq.length; ++split) {
+      std::vector<float> a, lse_a, b, lse_b;
+      seq.Attend(0, split, a, lse_a);
+      seq.Attend(split, seq.length, b, lse_b);
+      for (float& x : lse_a) x *= unit;
+      for (float& x : lse_b) x *= unit;
+      // In place into a / lse_a.
+      MergeStates(TensorView(a.data(), DType::kF32, {1, heads, dim}),
+                  TensorView(lse_a.data(), DType::kF32, {1, heads}),
+                  TensorView(b.data(), DType::kF32, {1, heads, dim}),
+                  TensorView(lse_b.data(), DType::kF32, {1, heads}),
+                  MutableTensorView(a.data(), DType::kF32, {1, heads, dim}),
+                  MutableTensorView(lse_a.data(), DType::kF32, {1, heads}), base);
+      for (size_t i = 0; i < whole.size(); ++i) {
+        ASSERT_NEAR(a[i], whole[i], 1e-5) << "split " << split << " element " << i;
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        ASSERT_NEAR(lse_a[h], whole_lse[h] * unit, 1e-5) << "split " << split << " head " << h;
+      }
     }
   }
 }

@@ -934,12 +934,13 @@ TEST(KernelTest, QueryWithoutKeysIsZero) {
   std::vector<float> out(q.size(), 7.0f);
   PagedAttentionOptions options;
   std::vector<int32_t> storage;
-  AttentionProblem p = ValidatePagedAttention(
+  AttentionProblem p = StaticValidatePagedAttention(
       TensorView(q.data(), DType::kF32, {2, 4, 8}),
       TensorView(k.data(), DType::kF32, {2, 3, 4, 8}),
       TensorView(v.data(), DType::kF32, {2, 3, 4, 8}),
       TensorView(lengths.data(), DType::kI32, {2}), TensorView(pages.data(), DType::kI32, {2, 3}),
       options, MutableTensorView(out.data(), DType::kF32, {2, 4, 8}), storage);
+  DynamicValidate(2, p, kPagedAttentionNames);
   ComputeAttention(p);
   for (float x : out) EXPECT_EQ(x, 0.0f);
 }

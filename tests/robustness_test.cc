@@ -27,34 +27,15 @@ namespace rpa {
 namespace {
 
 using testing::BatchSpec;
+using testing::CacheViews;
 using testing::MakeSyntheticBatch;
 using testing::SequenceShape;
 using testing::SyntheticBatch;
+using testing::ViewsOf;
 
 constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr uint8_t kSentinel = 0xA5;
-
-// The combined cache seen through strides as separate K and V caches (NHD,
-// HND) and as paged_attention's [kv_heads, pages, page_size, head_dim].
-struct CacheViews {
-  TensorView k_nhd, v_nhd, k_hnd, v_hnd, k_paged, v_paged;
-};
-
-CacheViews ViewsOf(const TensorView& kv) {
-  const int64_t P = kv.shape[0], S = kv.shape[1], H = kv.shape[2] / 2, D = kv.shape[3];
-  const int64_t ps = kv.strides[0], ss = kv.strides[1], hs = kv.strides[2];
-  const auto* k = static_cast<const uint8_t*>(kv.data);
-  const auto* v = k + D * static_cast<int64_t>(SizeOf(kv.dtype));
-  CacheViews c;
-  c.k_nhd = TensorView(k, kv.dtype, {P, S, H, D}, {ps, ss, 2 * hs, 1});
-  c.v_nhd = TensorView(v, kv.dtype, {P, S, H, D}, {ps, ss, 2 * hs, 1});
-  c.k_hnd = TensorView(k, kv.dtype, {P, H, S, D}, {ps, 2 * hs, ss, 1});
-  c.v_hnd = TensorView(v, kv.dtype, {P, H, S, D}, {ps, 2 * hs, ss, 1});
-  c.k_paged = TensorView(k, kv.dtype, {H, P, S, D}, {2 * hs, ps, ss, 1});
-  c.v_paged = TensorView(v, kv.dtype, {H, P, S, D}, {2 * hs, ps, ss, 1});
-  return c;
-}
 
 // One call of one entry point on a batch whose metadata may be edited.
 struct Call {

@@ -178,6 +178,24 @@ class ValidateRaggedTest : public ::testing::Test {
     }
   }
 
+  // The same call as a plan and a run (rpa/plan.h): sinks and lse go to the run.
+  void CallPlanned() const {
+    AttentionOptions plan_options = options_;
+    plan_options.sinks.reset();
+    plan_options.lse.reset();
+    const RunExtras extras{options_.sinks, options_.lse, {}, {}};
+    const PageTable table{kv_lens_, page_indices_, cu_q_lens_, num_seqs_};
+    AttentionPlan plan;
+    if (layout_) {
+      const KVPages kv{k_pages_, v_pages_, *layout_};
+      plan.Plan(ShapeOf(q_, kv), table, plan_options);
+      plan.Run(q_, kv, out_, extras);
+    } else {
+      plan.Plan(ShapeOf(q_, kv_pages_), table, plan_options);
+      plan.Run(q_, kv_pages_, out_, extras);
+    }
+  }
+
   std::vector<uint8_t> KvBytes() const {
     if (!layout_) return Bytes(kv_data_);
     std::vector<uint8_t> bytes = Bytes(k_data_);
@@ -207,6 +225,8 @@ class ValidateRaggedTest : public ::testing::Test {
                           {&out_data_, &lse_data_}, kv);
     ExpectThrowsUntouched("RefRaggedPagedAttention", [&] { CallReference(); }, kind, expected,
                           {&out_data_, &lse_data_}, kv);
+    ExpectThrowsUntouched("AttentionPlan", [&] { CallPlanned(); }, kind, expected,
+                          {&out_data_, &lse_data_}, kv);
   }
 
   // Every path accepts the input; the entry points fill out (padding rows
@@ -214,13 +234,16 @@ class ValidateRaggedTest : public ::testing::Test {
   void ExpectAccepted() {
     EXPECT_NO_THROW(CallStatic());
     EXPECT_NO_THROW(CallDynamic());
-    for (int path = 0; path < 2; ++path) {
-      SCOPED_TRACE(path == 0 ? "RaggedPagedAttention" : "RefRaggedPagedAttention");
+    for (int path = 0; path < 3; ++path) {
+      SCOPED_TRACE(path == 0 ? "RaggedPagedAttention"
+                   : path == 1 ? "RefRaggedPagedAttention" : "AttentionPlan");
       std::fill(out_data_.begin(), out_data_.end(), kSentinel);
       if (path == 0) {
         EXPECT_NO_THROW(CallFast());
-      } else {
+      } else if (path == 1) {
         EXPECT_NO_THROW(CallReference());
+      } else {
+        EXPECT_NO_THROW(CallPlanned());
       }
       const int32_t live = num_seqs_data_[0];
       const int64_t used_end = live > 0 ? cu_q_lens_data_[static_cast<size_t>(live)] : 0;

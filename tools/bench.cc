@@ -14,7 +14,9 @@
 // dtype), and speedup_vs_naive against a single-threaded gather + unfused
 // QK^T, softmax, PV run in the same process; prefill and mixed also report
 // speedup_vs_onednn against testing/onednn_peer.h (oneDNN's bf16 matmuls and
-// a plain softmax, gather included) on the same thread count.
+// a plain softmax, gather included) on the same thread count. The layers
+// workload (RunLayers) runs one step over 32 layers planned once against one
+// call per layer.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -192,6 +194,11 @@ struct Result {
   bool all_threads = false;
   DType kv_dtype = DType::kBF16;
   std::string path;
+  // The layers workload (RunLayers): layers per step, the one-call step's
+  // median, their ratio, the per-layer difference and one Plan alone.
+  int layers = 0;
+  double one_call_ms = 0, min_ms = 0, one_call_min_ms = 0, speedup_vs_one_call = 0;
+  double per_layer_overhead_us = 0, plan_us = 0;
   // The same workload with AMX hidden from dispatch (the best path without
   // it), where the call ran an AMX kernel; 0: it did not.
   double no_amx_ms = 0;
@@ -373,6 +380,118 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
   return results;
 }
 
+// ---------------------------------------------------------------- layers
+
+// One serving step as an engine runs it: the mixed batch over kLayers
+// layers, each with its own cache (the rotating copies), planned once
+// (AttentionPlan) and run per layer, against the one-call function per
+// layer, alternating in the same run. ms and one_call_ms are medians of
+// whole steps, min_ms and one_call_min_ms their minima; speedup_vs_one_call
+// and per_layer_overhead_us ((one-call step - plan step) / kLayers) come
+// from the minima, the steps least disturbed by other work on the machine;
+// plan_us is the median of one Plan alone, the work every one call repeats.
+// No naive baseline (it would take minutes).
+constexpr int kLayers = 32;
+
+std::vector<Result> RunLayers(const MachineLimits& limits, int all_threads, const BenchArgs& args,
+                              int index, int total) {
+  BatchSpec spec;
+  spec.num_q_heads = 32;
+  spec.num_kv_heads = 8;
+  spec.head_dim = 128;
+  spec.page_size = 16;
+  spec.sequences = MixedSequences();
+  spec.seed = 7;
+  const std::string label = "[" + std::to_string(index) + "/" + std::to_string(total) + "] layers";
+  Progress(label + ": building the batch");
+  const SyntheticBatch batch = MakeSyntheticBatch(spec);
+  const WorkCount work = CountWork(spec);
+  // Layer l reads copy l % copies: enough distinct caches for twice the LLC.
+  const size_t cache_bytes = batch.kv_pages.size();
+  const size_t stride = (cache_bytes + 4096 + 4095) / 4096 * 4096;
+  const int copies = static_cast<int>(std::clamp<int64_t>(
+      2 * limits.llc_bytes / static_cast<int64_t>(cache_bytes) + 1, 2, kLayers));
+  HugeBuffer caches(stride * static_cast<size_t>(copies));
+  for (int c = 0; c < copies; ++c) {
+    std::memcpy(caches.data + stride * c, batch.kv_pages.data(), cache_bytes);
+  }
+  const TensorView kv = batch.KvPages();
+  auto layer_cache = [&](int layer) {
+    return TensorView(caches.data + stride * (layer % copies), spec.kv_dtype,
+                      {kv.shape[0], kv.shape[1], kv.shape[2], kv.shape[3]});
+  };
+  const PageTable table{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()};
+  std::vector<uint8_t> out = batch.NewOutput();
+  AttentionOptions options;
+  options.sm_scale = 1.0 / std::sqrt(static_cast<double>(spec.head_dim));
+
+  std::vector<Result> results;
+  const int counts[2] = {1, all_threads};
+  for (int ti = 0; ti < (all_threads > 1 ? 2 : 1); ++ti) {
+    options.num_threads = counts[ti];
+    Progress(label + " threads=" + std::to_string(counts[ti]));
+    AttentionPlan plan;
+    auto planned_step = [&] {
+      plan.Plan(ShapeOf(batch.Q(), kv), table, options);
+      for (int l = 0; l < kLayers; ++l) plan.Run(batch.Q(), layer_cache(l), batch.OutView(out));
+    };
+    auto one_call_step = [&] {
+      for (int l = 0; l < kLayers; ++l) {
+        RaggedPagedAttention(batch.Q(), layer_cache(l), table, options, batch.OutView(out));
+      }
+    };
+    planned_step();  // Warm up: threads, scratch, the thread's one-call state.
+    one_call_step();
+    std::vector<double> planned, one_call;
+    const int reps = args.quick ? 3 : 5;
+    for (int rep = 0; rep < reps; ++rep) {
+      // Alternating which goes first cancels a drift of the machine's speed.
+      double t[2];
+      for (int k = 0; k < 2; ++k) {
+        const bool plan_now = (rep + k) % 2 == 0;
+        const auto t0 = Clock::now();
+        if (plan_now) {
+          planned_step();
+        } else {
+          one_call_step();
+        }
+        t[plan_now ? 0 : 1] = Seconds(t0, Clock::now());
+      }
+      planned.push_back(t[0]);
+      one_call.push_back(t[1]);
+    }
+    std::vector<double> plan_alone;
+    for (int i = 0; i < 101; ++i) {
+      const auto t0 = Clock::now();
+      plan.Plan(ShapeOf(batch.Q(), kv), table, options);
+      plan_alone.push_back(Seconds(t0, Clock::now()));
+    }
+    Result r;
+    r.name = "layers";
+    r.threads = counts[ti];
+    r.layers = kLayers;
+    r.copies = copies;
+    r.reps = reps;
+    r.flops = work.flops * kLayers;
+    r.kv_bytes = work.kv_bytes * kLayers;
+    r.ms = Median(planned) * 1e3;
+    r.one_call_ms = Median(one_call) * 1e3;
+    r.min_ms = *std::min_element(planned.begin(), planned.end()) * 1e3;
+    r.one_call_min_ms = *std::min_element(one_call.begin(), one_call.end()) * 1e3;
+    r.speedup_vs_one_call = r.one_call_min_ms / r.min_ms;
+    r.per_layer_overhead_us = (r.one_call_min_ms - r.min_ms) / kLayers * 1e3;
+    r.plan_us = Median(plan_alone) * 1e6;
+    r.tokens_per_s = batch.TotalQTokens() / (r.ms * 1e-3);
+    r.gbs = r.kv_bytes / (r.ms * 1e-3) * 1e-9;
+    r.gflops = r.flops / (r.ms * 1e-3) * 1e-9;
+    r.all_threads = ti == 1;
+    r.kv_dtype = spec.kv_dtype;
+    r.path = plan.DescribeKernels();
+    results.push_back(r);
+  }
+  return results;
+}
+
 void PrintJson(const MachineLimits& limits, int threads, const std::vector<Result>& results) {
   std::printf("{\"machine\": {\"threads\": %d, \"llc_bytes\": %lld, "
               "\"read_gbs_1_thread\": %.2f, \"read_gbs_all_threads\": %.2f, "
@@ -406,6 +525,13 @@ void PrintJson(const MachineLimits& limits, int threads, const std::vector<Resul
                 r.tokens_per_s, r.gbs, r.gflops, r.roofline_ms, r.bound, r.naive_ms,
                 r.naive_sample, r.kv_bytes, r.flops, r.copies, r.reps, r.path.c_str());
     if (r.hot_ms > 0) std::printf(", \"hot_ms\": %.4f", r.hot_ms);
+    if (r.layers > 0) {
+      std::printf(", \"layers\": %d, \"one_call_ms\": %.4f, \"min_ms\": %.4f, "
+                  "\"one_call_min_ms\": %.4f, \"speedup_vs_one_call\": %.4f, "
+                  "\"per_layer_overhead_us\": %.2f, \"plan_us\": %.2f",
+                  r.layers, r.one_call_ms, r.min_ms, r.one_call_min_ms, r.speedup_vs_one_call,
+                  r.per_layer_overhead_us, r.plan_us);
+    }
     // null where the call ran no AMX kernel ("machine"."amx" says why).
     if (r.no_amx_ms > 0) {
       std::printf(", \"no_amx_ms\": %.4f, \"speedup_vs_no_amx\": %.2f", r.no_amx_ms,
@@ -470,6 +596,14 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
     }
     std::printf("\n");
   }
+  for (const Result& r : results) {
+    if (r.layers == 0) continue;
+    std::printf("layers (%d threads): %d layers planned once %.3f ms (min %.3f), one call each "
+                "%.3f ms (min %.3f): speedup_vs_one_call %.4f, per_layer_overhead_us %.2f (from "
+                "the minima), one Plan %.2f us\n",
+                r.threads, r.layers, r.ms, r.min_ms, r.one_call_ms, r.one_call_min_ms,
+                r.speedup_vs_one_call, r.per_layer_overhead_us, r.plan_us);
+  }
   const testing::OnednnPeerInfo onednn = testing::GetOnednnPeerInfo();
   const bool any_peer =
       std::any_of(results.begin(), results.end(), [](const Result& r) { return r.onednn_peer; });
@@ -496,7 +630,9 @@ int RunBench(const BenchArgs& args) {
       workloads.push_back(w);
     }
   }
-  const int total = static_cast<int>(workloads.size()) + 1;
+  const bool layers =
+      args.only.empty() || std::find(args.only.begin(), args.only.end(), "layers") != args.only.end();
+  const int total = static_cast<int>(workloads.size()) + (layers ? 1 : 0) + 1;
   Progress("[0/" + std::to_string(total - 1) + "] measuring the machine's limits");
   MachineLimits limits = MeasureMachine(threads, args.quick);
   std::vector<Result> results;
@@ -510,6 +646,9 @@ int RunBench(const BenchArgs& args) {
       return 1;
     }
     for (Result& r : workload_results) results.push_back(r);
+  }
+  if (layers) {
+    for (Result& r : RunLayers(limits, threads, args, total - 1, total - 1)) results.push_back(r);
   }
   // Measured again after the workloads, and each limit is the higher of the
   // two: on a shared host a neighbour can take a core or the memory bus
@@ -540,7 +679,9 @@ void AddBenchCommand(CLI::App& app) {
   bench->add_flag("--hot", args->hot,
                   "Also time each workload with every page index 0 (K/V in the caches): "
                   "the kernel without memory");
-  bench->add_option("--only", args->only, "Workloads to run: decode, decode-fp8, decode-f16, decode-long, prefill, mixed");
+  bench->add_option("--only", args->only,
+                    "Workloads to run: decode, decode-fp8, decode-f16, decode-long, prefill, "
+                    "mixed, layers");
   bench->add_option("--threads", args->threads,
                     "Threads for the all-threads runs (0: RPA_NUM_THREADS or all cores)")
       ->capture_default_str();

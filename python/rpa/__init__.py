@@ -28,6 +28,11 @@ The functions:
                                   (in place), then attend, in one call
     merge_states                  combine two partial attentions (their
                                   outputs and LSEs) over disjoint keys
+    BatchAttention                plan once per step, run per layer
+                                  (FlashInfer's plan/run; its CSR page
+                                  table with plan_csr)
+    vllm_page_table               vLLM's query_start_loc / seq_lens /
+                                  block_table as JAX's page table
     quantize, dequantize          float8_e4m3fn / float8_e5m2 / int8 codes
                                   with a scale, as the library converts them
     get_tuned_block_sizes         JAX's block-size lookup (the library's
@@ -49,6 +54,7 @@ torch operators: `torch.ops.rpa.ragged_paged_attention` (and `.out`),
 """
 
 from ._rpa import __version__, build_info
+from ._batch import BatchAttention, vllm_page_table
 from ._api import (
     DEFAULT_MASK_VALUE,
     Error,
@@ -122,6 +128,7 @@ def _torch_ops_when_torch_loads():
 _torch_ops_when_torch_loads()
 
 __all__ = [
+    "BatchAttention",
     "DEFAULT_MASK_VALUE",
     "Error",
     "__version__",
@@ -138,4 +145,5 @@ __all__ = [
     "ragged_paged_attention_with_kv_write",
     "ref_ragged_paged_attention",
     "static_validate_inputs",
+    "vllm_page_table",
 ]

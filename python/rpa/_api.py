@@ -9,6 +9,8 @@ library's (docs/contract.md §3), so Python and C++ callers read the same text.
 
 from __future__ import annotations
 
+import math
+
 from . import _rpa
 
 # JAX's DEFAULT_MASK_VALUE: -0.7 * float32 max.
@@ -565,7 +567,7 @@ for _f in (ragged_paged_attention, ref_ragged_paged_attention,
 del _f
 
 
-def merge_states(out_a, lse_a, out_b, lse_b):
+def merge_states(out_a, lse_a, out_b, lse_b, *, lse_base: float = math.e):
   """Merges two partial attentions over disjoint key sets into one.
 
   With `return_lse=True`, attention over keys A and attention over keys B
@@ -573,6 +575,10 @@ def merge_states(out_a, lse_a, out_b, lse_b):
 
     lse = log(exp(lse_a) + exp(lse_b))
     out = (exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b)
+
+  rpa's LSEs are natural logs (lse_base=math.e, the default). FlashInfer's
+  are base 2 (log2 of the sum of 2^(logit * log2(e))): pass lse_base=2 to
+  merge those, with exp2 and log2 in place of exp and log.
 
   computed stably in float32. This is how cascade (shared-prefix) attention
   combines a shared prefix with each sequence's own suffix, and how context
@@ -587,6 +593,7 @@ def merge_states(out_a, lse_a, out_b, lse_b):
     lse_a: float32[num_tokens, num_heads], its log-sum-exp.
     out_b: like out_a, attention over the second key set.
     lse_b: like lse_a.
+    lse_base: the LSEs' base, math.e or 2.
 
   Returns:
     (out, lse): out like out_a (shape, dtype, kind), lse float32
@@ -599,7 +606,7 @@ def merge_states(out_a, lse_a, out_b, lse_b):
   out_a, lse_a, out_b, lse_b = (_as_array(x) for x in (out_a, lse_a, out_b, lse_b))
   out = _empty_like(out_a)
   lse = _lse_like(out_a)
-  _rpa.merge_states(out_a, lse_a, out_b, lse_b, out, lse)
+  _rpa.merge_states(out_a, lse_a, out_b, lse_b, out, lse, lse_base=lse_base)
   return out, lse
 
 

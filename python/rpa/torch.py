@@ -12,7 +12,7 @@ explicitly (importing torch). The operators, on CPU tensors:
     reshape_and_cache(key, value, k_cache, v_cache, slot_mapping,
                       kv_cache_dtype="auto", k_scale=None, v_scale=None, *,
                       kv_layout="NHD") -> ()
-    merge_states(out_a, lse_a, out_b, lse_b) -> (Tensor, Tensor)
+    merge_states(out_a, lse_a, out_b, lse_b, *, lse_base=e) -> (Tensor, Tensor)
 
 <options> are `rpa.ragged_paged_attention`'s keywords (sm_scale,
 sliding_window, soft_cap, mask_value, k_scale, v_scale,
@@ -62,7 +62,8 @@ SCHEMAS = {
         "Tensor slot_mapping, str kv_cache_dtype=\"auto\", float? k_scale=None, "
         "float? v_scale=None, *, str kv_layout=\"NHD\") -> ()",
     "merge_states":
-        "merge_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor, Tensor)",
+        f"merge_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b, *, "
+        f"float lse_base={math.e!r}) -> (Tensor, Tensor)",
 }
 
 
@@ -99,8 +100,8 @@ def _ragged_lse(*args, **options):
   return tuple(_ragged(*args, return_lse=True, **options))
 
 
-def _merge_states(out_a, lse_a, out_b, lse_b):
-  return tuple(_api.merge_states(out_a, lse_a, out_b, lse_b))
+def _merge_states(out_a, lse_a, out_b, lse_b, *, lse_base=math.e):
+  return tuple(_api.merge_states(out_a, lse_a, out_b, lse_b, lse_base=lse_base))
 
 
 # ---- reshape_and_cache: vLLM's KV write, validated like the rest of rpa.
@@ -289,7 +290,7 @@ def _meta_reshape_and_cache(*args, **kwargs):
   return None
 
 
-def _meta_merge_states(out_a, lse_a, out_b, lse_b):
+def _meta_merge_states(out_a, lse_a, out_b, lse_b, **options):
   return out_a.new_empty(_shape(out_a)), out_a.new_empty(_shape(out_a)[:2], dtype=torch.float32)
 
 
