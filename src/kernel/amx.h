@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernel/tile_kernel.h"
 #include "rpa/dtype.h"
 
 namespace rpa::internal {
@@ -207,6 +208,18 @@ void AmxDecodeLogitsT(const AmxDecodeLogitsArgs& args, AmxBackend backend = AmxB
 // the thread's current configuration, so the next product reloads it. The
 // thread pool calls this before a worker sleeps; also call it after other
 // code on the thread (oneDNN) configured tiles. Hardware only.
+// For the kernels that multiply bf16 pairs (amx_prefill, avx512_bf16_packed;
+// AVX-512 BF16 code): the tile's K (or V) rows packed as AmxPackKeys (or
+// AmxPackValues) packs them into scratch.packed, after prefetching the next
+// tile's rows; returns the packed tile.
+const uint16_t* PackTileKeys(const KvTile& tile, const TileScratch& scratch);
+const uint16_t* PackTileValues(const KvTile& tile, const TileScratch& scratch);
+// The softmax's f32 weights p as bf16 in place (AmxWeightsToBf16's layout,
+// [RoundUp(p.rows, 16)][RoundUp(n, 32)] over p's rows): row r's bf16 end
+// before row r + 1's f32 begin (p.stride >= 16), and each chunk is read
+// before its bf16, at or below it, is stored. Returns the bf16 rows.
+const uint16_t* WeightsToBf16InPlace(const TileLogits& p, int64_t n);
+
 void AmxReleaseTiles();
 
 // The machine limit of one thread: 6 independent C tiles, tdpbf16ps on full

@@ -744,6 +744,36 @@ void AmxDecodeLogitsT(const AmxDecodeLogitsArgs& args, AmxBackend backend) {
   }
 }
 
+namespace {
+
+// The tile's rows as the packs take them.
+const void* const* RowPointers(const KvRows& rows, const TileScratch& scratch) {
+  for (int64_t i = 0; i < rows.count; ++i) scratch.row_pointers[i] = rows[i];
+  return scratch.row_pointers;
+}
+
+}  // namespace
+
+const uint16_t* PackTileKeys(const KvTile& tile, const TileScratch& scratch) {
+  PrefetchRows(tile.k_next, 0, tile.k_next.count, tile.row_bytes);
+  uint16_t* packed = reinterpret_cast<uint16_t*>(scratch.packed);
+  AmxPackKeys({tile.dtype, RowPointers(tile.k, scratch), tile.n, tile.head_dim, packed});
+  return packed;
+}
+
+const uint16_t* PackTileValues(const KvTile& tile, const TileScratch& scratch) {
+  PrefetchRows(tile.v_next, 0, tile.v_next.count, tile.row_bytes);
+  uint16_t* packed = reinterpret_cast<uint16_t*>(scratch.packed);
+  AmxPackValues({tile.dtype, RowPointers(tile.v, scratch), tile.n, tile.head_dim, packed});
+  return packed;
+}
+
+const uint16_t* WeightsToBf16InPlace(const TileLogits& p, int64_t n) {
+  uint16_t* weights = reinterpret_cast<uint16_t*>(p.s);
+  AmxWeightsToBf16(p.s, p.stride, p.rows, n, weights);
+  return weights;
+}
+
 void AmxReleaseTiles() {
   if (HwTiles::config_id != 0) HwTiles::Release();  // Only a thread that loaded tiles.
 }

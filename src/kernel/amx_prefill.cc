@@ -32,19 +32,11 @@
 namespace rpa::internal {
 namespace {
 
-// The tile's rows as the packs take them.
-const void* const* RowPointers(const KvRows& rows, const TileScratch& scratch) {
-  for (int64_t i = 0; i < rows.count; ++i) scratch.row_pointers[i] = rows[i];
-  return scratch.row_pointers;
-}
-
 template <AmxBackend kBackend>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  PrefetchRows(tile.k_next, 0, tile.k_next.count, tile.row_bytes);
-  uint16_t* k_packed = reinterpret_cast<uint16_t*>(scratch.packed);
-  AmxPackKeys({tile.dtype, RowPointers(tile.k, scratch), tile.n, tile.head_dim, k_packed});
+  const uint16_t* k_packed = PackTileKeys(tile, scratch);
   AmxLogitsArgs args;
   args.q = static_cast<const uint16_t*>(q.data);
   args.q_stride = q.stride;
@@ -61,14 +53,8 @@ template <AmxBackend kBackend>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
-  PrefetchRows(tile.v_next, 0, tile.v_next.count, tile.row_bytes);
-  uint16_t* v_packed = reinterpret_cast<uint16_t*>(scratch.packed);
-  AmxPackValues({tile.dtype, RowPointers(tile.v, scratch), tile.n, tile.head_dim, v_packed});
-  // In place: row r's RoundUp(n, 32) bf16 end before row r + 1's f32 begin
-  // (p.stride >= 16 floats), and each 32-weight chunk is read before its
-  // bf16 (at or below it) is stored.
-  uint16_t* weights = reinterpret_cast<uint16_t*>(p.s);
-  AmxWeightsToBf16(p.s, p.stride, p.rows, tile.n, weights);
+  const uint16_t* v_packed = PackTileValues(tile, scratch);
+  const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
   AmxPvBf16Args args;
   args.p_bf16 = weights;
   args.p_stride = AmxRoundUp(tile.n, kAmxKeyAlign);

@@ -112,18 +112,10 @@ RPA_BF16_TARGET __attribute__((always_inline)) inline void ForEachRowBlock(int64
   }
 }
 
-// The tile's rows as the packs take them.
-const void* const* RowPointers(const KvRows& rows, const TileScratch& scratch) {
-  for (int64_t i = 0; i < rows.count; ++i) scratch.row_pointers[i] = rows[i];
-  return scratch.row_pointers;
-}
-
 RPA_BF16_TARGET void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  PrefetchRows(tile.k_next, 0, tile.k_next.count, tile.row_bytes);
-  uint16_t* kp = reinterpret_cast<uint16_t*>(scratch.packed);
-  AmxPackKeys({tile.dtype, RowPointers(tile.k, scratch), tile.n, tile.head_dim, kp});
+  const uint16_t* kp = PackTileKeys(tile, scratch);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   ForEachRowBlock(q.rows, [&]<int kRows>(int64_t r) RPA_BF16_TARGET {
     LogitsBlockArgs a{static_cast<const uint16_t*>(q.data) + r * q.stride,
@@ -181,13 +173,8 @@ RPA_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
 RPA_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
                         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
-  PrefetchRows(tile.v_next, 0, tile.v_next.count, tile.row_bytes);
-  uint16_t* vp = reinterpret_cast<uint16_t*>(scratch.packed);
-  AmxPackValues({tile.dtype, RowPointers(tile.v, scratch), tile.n, tile.head_dim, vp});
-  // In place, as amx_prefill.cc does it: row r's RoundUp(n, 32) bf16 end
-  // before row r + 1's f32 begin, each chunk read before it is written.
-  uint16_t* weights = reinterpret_cast<uint16_t*>(p.s);
-  AmxWeightsToBf16(p.s, p.stride, p.rows, tile.n, weights);
+  const uint16_t* vp = PackTileValues(tile, scratch);
+  const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   const int64_t d16 = AmxRoundUp(tile.head_dim, kAmxVDimAlign);
   ForEachRowBlock(p.rows, [&]<int kRows>(int64_t r) RPA_BF16_TARGET {
