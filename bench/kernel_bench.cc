@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "kernel/avx512_bf16_rows.h"
 #include "kernel/avx512_wide.h"
 #include "kernel/cpu_features.h"
 #include "thread_pool.h"
@@ -32,10 +33,12 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
 // The widening path's QK^T and PV for decode's shape: 4 rows (q heads per
 // kv head) x range(0) keys, head_dim 128, bf16 K/V rows 4 KiB apart as in a
 // cache page (32 keys: L1; 512: L2). Per key and kv head.
-void WideDecodeRows(benchmark::State& state, bool pv) {
+void DecodeRows(benchmark::State& state, const internal::ProductKernel& kernel, bool needs_bf16,
+                bool pv) {
 #if defined(__x86_64__)
-  if (!internal::DetectedCpuFeatures().avx512bw) {
-    state.SkipWithError("no AVX-512 BW");
+  const internal::CpuFeatures& cpu = internal::DetectedCpuFeatures();
+  if (!cpu.avx512bw || (needs_bf16 && !cpu.avx512bf16)) {
+    state.SkipWithError("CPU lacks the kernel's instructions");
     return;
   }
   const int64_t rows = 4, tokens = state.range(0), dim = 128, row_stride = state.range(1);
@@ -54,7 +57,6 @@ void WideDecodeRows(benchmark::State& state, bool pv) {
   const internal::QueryRows q_rows{q.data(), dim, rows, nullptr};
   const internal::TileLogits logits{s.data(), tokens, rows};
   const internal::SoftmaxState acc_rows{nullptr, nullptr, acc.data(), dim};
-  const internal::ProductKernel& kernel = internal::kAvx512Wide;
   for (auto _ : state) {
     if (pv) {
       kernel.pv(logits, tile, acc_rows, {});
@@ -68,14 +70,83 @@ void WideDecodeRows(benchmark::State& state, bool pv) {
       static_cast<double>(tokens) * state.iterations(),
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 #else
+  (void)kernel;
+  (void)needs_bf16;
   (void)pv;
   state.SkipWithError("x86-64 only");
 #endif
 }
-void BM_WideLogits(benchmark::State& state) { WideDecodeRows(state, false); }
-void BM_WidePv(benchmark::State& state) { WideDecodeRows(state, true); }
+#if defined(__x86_64__)
+void BM_WideLogits(benchmark::State& state) { DecodeRows(state, internal::kAvx512Wide, false, false); }
+void BM_WidePv(benchmark::State& state) { DecodeRows(state, internal::kAvx512Wide, false, true); }
+void BM_PairLogits(benchmark::State& state) {
+  DecodeRows(state, internal::kAvx512Bf16Rows, true, false);
+}
+void BM_PairPv(benchmark::State& state) { DecodeRows(state, internal::kAvx512Bf16Rows, true, true); }
 BENCHMARK(BM_WideLogits)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
 BENCHMARK(BM_WidePv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
+BENCHMARK(BM_PairLogits)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
+BENCHMARK(BM_PairPv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
+#endif
+
+// One fused decode tile of decode's shape, as the task loop calls it: 4
+// rows (q heads per kv head) x 32 keys, head_dim 128, bf16 K/V rows 4 KiB
+// apart as in a cache page (L1-resident: the arithmetic alone). Per key
+// and kv head; the bf16-pair tile (vdpbf16ps) against the widening one.
+void FusedDecodeTile(benchmark::State& state, const internal::FusedTileKernel& kernel,
+                     bool needs_bf16) {
+#if defined(__x86_64__)
+  const internal::CpuFeatures& cpu = internal::DetectedCpuFeatures();
+  if (!cpu.avx512bw || (needs_bf16 && !cpu.avx512bf16)) {
+    state.SkipWithError("CPU lacks the kernel's instructions");
+    return;
+  }
+  const int64_t rows = 4, tokens = internal::kFusedMaxKeys, dim = 128, row_stride = 2048;
+  const std::vector<uint16_t> kv = RandomBf16(tokens * row_stride, 3);
+  std::vector<const uint8_t*> kv_rows(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    kv_rows[t] = reinterpret_cast<const uint8_t*>(kv.data() + t * row_stride);
+  }
+  // q in the kernel's format: a zero-padded f32 row through its prepare_q.
+  std::vector<float> q_f32(dim, 0.05f);
+  std::vector<float> q(rows * dim);
+  for (int64_t r = 0; r < rows; ++r) {
+    kernel.prepare_q(DType::kBF16, q_f32.data(), dim, dim,
+                     reinterpret_cast<uint8_t*>(q.data()) +
+                         r * dim * internal::QueryElemBytes(kernel.q_format));
+  }
+  std::vector<float> m(rows, 0.0f), l(rows, 1.0f), acc(rows * dim, 0.0f);
+  internal::KvTile tile;
+  tile.dtype = DType::kBF16;
+  tile.head_dim = dim;
+  tile.row_bytes = dim * 2;
+  tile.n = tokens;
+  tile.k = tile.v = {kv_rows.data(), 0, tokens};
+  const internal::QueryRows q_rows{q.data(), dim, rows, nullptr};
+  const internal::SoftmaxState s{m.data(), l.data(), acc.data(), dim};
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(kernel.tile(q_rows, tile, 0.1f, s));
+    benchmark::DoNotOptimize(acc.data());
+  }
+  state.counters["ns_per_key"] = benchmark::Counter(
+      static_cast<double>(tokens) * state.iterations(),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+#else
+  (void)kernel;
+  (void)needs_bf16;
+  state.SkipWithError("x86-64 only");
+#endif
+}
+#if defined(__x86_64__)
+void BM_FusedTileWide(benchmark::State& state) {
+  FusedDecodeTile(state, internal::kAvx512WideDecode, false);
+}
+void BM_FusedTileBf16Pairs(benchmark::State& state) {
+  FusedDecodeTile(state, internal::kAvx512Bf16Decode, true);
+}
+BENCHMARK(BM_FusedTileWide);
+BENCHMARK(BM_FusedTileBf16Pairs);
+#endif
 
 // Decode's batch: 16 sequences x 1 query, kv 1024, 32/8 heads, head_dim
 // 128, bf16; its K/V bytes and FLOPs per call.
@@ -152,13 +223,13 @@ void BM_DecodeMemoryOnly(benchmark::State& state) {
     return base + ((page * page_size + t % page_size) * 2 * kv_heads + c) * row_bytes;
   };
   internal::ThreadPool& pool = internal::GlobalThreadPool();
-  std::vector<float> sums(seqs);
+  std::vector<uint64_t> sums(seqs);
   int copy = 0;
   for (auto _ : state) {
     const uint8_t* base = cache.Copy(copy);
     copy = (copy + 1) % cache.copies;
     pool.ParallelFor(seqs, static_cast<int>(state.range(0)), [&](int64_t seq, int) {
-      float sum = 0.0f;
+      uint64_t bits = 0;
       for (int64_t t = 0; t < tile; ++t) {
         for (int64_t c = 0; c < 2 * kv_heads; ++c) internal::PrefetchRow(row(base, seq, t, c), row_bytes);
       }
@@ -169,14 +240,14 @@ void BM_DecodeMemoryOnly(benchmark::State& state) {
             if (next) internal::PrefetchRow(row(base, seq, t + tile, c), row_bytes);
             const uint8_t* r = row(base, seq, t, c);
             for (int64_t b = 0; b < row_bytes; b += 64) {
-              float x;
+              uint64_t x;
               std::memcpy(&x, r + b, sizeof(x));
-              sum += x;
+              bits ^= x;  // One cycle per line: the loads, not an add chain, bound the loop.
             }
           }
         }
       }
-      sums[seq] = sum;
+      sums[seq] = bits;
     });
     benchmark::DoNotOptimize(sums.data());
   }

@@ -19,6 +19,7 @@
 
 #include "compute.h"
 #include "hwy/targets.h"
+#include "kernel/avx512_bf16_rows.h"
 #include "kernel/avx512_fp16_decode.h"
 #include "kernel/avx512_wide.h"
 #include "kernel/cpu_features.h"
@@ -279,10 +280,20 @@ INSTANTIATE_TEST_SUITE_P(Targets, KernelTargetTest,
                            return std::string(hwy::TargetName(param.param));
                          });
 
+// The features of a CPU whose vdpbf16ps is slow (the Intel machines): the
+// widening path and highway_packed, where dispatch would otherwise choose
+// the bf16-pair kernels.
+CpuFeatures SlowBf16Dot() {
+  CpuFeatures f = kAllCpuFeatures;
+  f.fast_bf16_dot = false;
+  return f;
+}
+
 // ---- The AVX-512 widening path (-> f32 in registers, FMA) for bf16, f16
 // and 8-bit float K/V (skipped where the CPU lacks AVX-512 BW).
 TEST(KernelWideTest, RandomGridMatchesReference) {
   if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  ScopedCpuFeatureMask slow_dot(SlowBf16Dot());
   CheckGrid(79, 12 * kGridScale, {DType::kBF16});
   CheckGrid(80, 6 * kGridScale, {DType::kF8E4M3FN, DType::kF8E5M2});
   CheckGrid(82, 6 * kGridScale, {DType::kF16});
@@ -336,16 +347,19 @@ TEST(KernelBf16PackedTest, PrefillGridMatchesReference) {
 // head (groups of 4 and a last smaller one; avx512_wide_decode leaves a last
 // 1-2 rows to the unfused path), one or two queries per sequence, mostly no
 // soft cap; windows make some tiles partly visible (the unfused path).
-TEST(KernelWideTest, DecodeGridMatchesReference) {
-  if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
-  std::mt19937_64 rng(81);
+//
+// Decode and middle-class batches: 1-8 q heads per kv head, 1, 2 or (for
+// the middle class, with queries_scale 4) 4-8 queries per sequence.
+void CheckDecodeGrid(uint64_t seed, std::initializer_list<DType> kv_dtypes, int queries_scale,
+                     bool bf16_q, const CpuFeatures& even_mask, const CpuFeatures& odd_mask) {
+  std::mt19937_64 rng(seed);
   for (int i = 0; i < 10 * kGridScale * SoakScale(); ++i) {
-    for (DType kv : {DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
-      std::optional<ScopedCpuFeatureMask> no_f16;  // Odd draws: the f32 fused tile only.
-      if (i % 2 != 0) no_f16.emplace(CpuFeatures{.avx512bw = true, .avx512bf16 = true});
+    for (DType kv : kv_dtypes) {
+      ScopedCpuFeatureMask mask(i % 2 == 0 ? even_mask : odd_mask);
       Case c = RandomCase(rng, kv);
+      if (bf16_q) c.spec.q_dtype = DType::kBF16;
       const int64_t group = 1 + i % 8;
-      const int32_t queries = i % 5 == 4 ? 2 : 1;
+      const int32_t queries = (i % 5 == 4 ? 2 : 1) * queries_scale;
       c.spec.num_q_heads = group * c.spec.num_kv_heads;
       for (SequenceShape& q : c.spec.sequences) q.q_len = std::min(q.kv_len, queries);
       c.spec.max_num_batched_tokens = std::max<int64_t>(1, queries * c.spec.max_num_seqs);
@@ -354,6 +368,28 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
       ExpectClose(c, b, RunCase(c, b, /*fast=*/true), RunCase(c, b, /*fast=*/false));
       if (::testing::Test::HasFailure()) return;
     }
+  }
+}
+
+TEST(KernelWideTest, DecodeGridMatchesReference) {
+  if (!DetectedCpuFeatures().avx512bw) GTEST_SKIP() << "no AVX-512 BW on this CPU";
+  // Odd draws: the f32 fused tile only (no AVX512-FP16 tile).
+  CheckDecodeGrid(81, {DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2}, 1,
+                  /*bf16_q=*/false, SlowBf16Dot(),
+                  CpuFeatures{.avx512bw = true, .avx512bf16 = true});
+}
+
+// ---- The bf16-pair kernels (avx512_bf16_decode > avx512_bf16_rows) where
+// dispatch chooses them: bf16 q over bf16 and 8-bit float K/V, decode and
+// the middle class (1-8 q heads x up to 8 queries), fused and unfused tiles
+// (soft caps, windows, groups of 1-2 rows), every option of the grid.
+TEST(KernelBf16RowsTest, DecodeGridMatchesReference) {
+  if (!DetectedCpuFeatures().fast_bf16_dot) {
+    GTEST_SKIP() << "dispatch chooses avx512_bf16_rows only where vdpbf16ps runs at full rate";
+  }
+  for (int queries_scale : {1, 4}) {
+    CheckDecodeGrid(85 + queries_scale, {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2},
+                    queries_scale, /*bf16_q=*/true, kAllCpuFeatures, kAllCpuFeatures);
   }
 }
 
@@ -393,6 +429,7 @@ std::vector<const uint8_t*> RowPointers(const uint8_t* base, int64_t n, int64_t 
 
 bool HasAvx512Bw() { return DetectedCpuFeatures().avx512bw; }
 bool HasAvx512Fp16() { return DetectedCpuFeatures().avx512fp16; }
+bool HasAvx512Bf16() { return DetectedCpuFeatures().avx512bf16; }
 
 // Every 8-bit float code through the widening kernel's table conversion.
 TEST(KernelWideTest, Fp8RowsToBf16IsExact) {
@@ -507,19 +544,32 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
   std::normal_distribution<float> normal;
   constexpr int64_t kRows = 4;
   int64_t rows = 0;
+  // Each fused tile, with its rounding: f16 products and sums (half), or bf16
+  // q and weights (pairs); the widening tile's f32 arithmetic otherwise.
+  enum class Rounding { kF32, kHalf, kBf16Pairs };
   struct Tile {
     DType dtype;
-    bool half;
+    const FusedTileKernel* kernel;
+    Rounding rounding;
   };
-  std::vector<Tile> tiles = {{DType::kBF16, false}, {DType::kF16, false},
-                             {DType::kF8E4M3FN, false}, {DType::kF8E5M2, false}};
-  if (HasAvx512Fp16()) {
-    tiles.push_back({DType::kF8E4M3FN, true});
-    tiles.push_back({DType::kF8E5M2, true});
+  std::vector<Tile> tiles;
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
+    tiles.push_back({dtype, &kAvx512WideDecode, Rounding::kF32});
   }
-  for (const auto [dtype, half] : tiles) {
-    // The loops see e4m3fn values times 2^-8 (kE4M3Rescale).
-    const double stored = dtype == DType::kF8E4M3FN ? 1.0 / 256.0 : 1.0;
+  if (HasAvx512Fp16()) {
+    tiles.push_back({DType::kF8E4M3FN, &kAvx512Fp16Decode, Rounding::kHalf});
+    tiles.push_back({DType::kF8E5M2, &kAvx512Fp16Decode, Rounding::kHalf});
+  }
+  if (HasAvx512Bf16()) {
+    for (DType dtype : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
+      tiles.push_back({dtype, &kAvx512Bf16Decode, Rounding::kBf16Pairs});
+    }
+  }
+  for (const auto [dtype, kernel_ptr, rounding] : tiles) {
+    const FusedTileKernel& kernel = *kernel_ptr;
+    const bool half = rounding == Rounding::kHalf;
+    // Loops that scale e4m3fn see its values times 2^-8 (kE4M3Rescale).
+    const double stored = dtype == DType::kF8E4M3FN && kernel.e4m3_scaled ? 1.0 / 256.0 : 1.0;
     for (int64_t head_dim : {int64_t{5}, int64_t{64}, int64_t{128}, int64_t{200}, int64_t{256}}) {
       for (int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{17}, kFusedMaxKeys}) {
         for (bool fresh : {true, false}) {
@@ -536,13 +586,15 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
           const uint8_t* v = kv.data() + v_offset;
           const std::vector<const uint8_t*> key_rows = RowPointers(k, tokens, head_dim * elem);
           const KvTile tile = TestTile(dtype, head_dim, key_rows, v_offset, tokens, true);
-          std::vector<float> q(kRows * pad, 0.0f), q_eo(kRows * pad, 0.0f);
+          auto acc_index = [&](int64_t d) { return AccIndex(kernel.acc_order, d); };
+          std::vector<float> q(kRows * pad, 0.0f);
           std::vector<float> m(kRows), l(kRows), acc(kRows * pad, 0.0f);
           for (int64_t r = 0; r < kRows; ++r) {
             for (int64_t d = 0; d < head_dim; ++d) {
               q[r * pad + d] = normal(rng);
-              q_eo[r * pad + WideQIndex(d)] = q[r * pad + d];
-              if (!fresh) acc[r * pad + WideQIndex(d)] = normal(rng);
+              // The bf16 kernels take bf16 q (dispatch gives them no other).
+              if (rounding == Rounding::kBf16Pairs) q[r * pad + d] = F32FromBF16(BF16FromF32(q[r * pad + d]));
+              if (!fresh) acc[r * pad + acc_index(d)] = normal(rng);
             }
             m[r] = fresh ? -std::numeric_limits<float>::infinity() : normal(rng);
             l[r] = fresh ? 0.0f : 1.0f + std::fabs(normal(rng));
@@ -553,22 +605,18 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
           rows = rows % kRows + 1;
           std::vector<float> m_out = m, l_out = l, acc_out = acc;
           const SoftmaxState state{m_out.data(), l_out.data(), acc_out.data(), pad};
-          if (half) {
-            const int64_t half_stride = RoundUp(head_dim, kHalfDimAlign);
-            std::vector<uint16_t> q_half(kRows * half_stride);
-            std::vector<float> unscale(kRows);
-            for (int64_t r = 0; r < kRows; ++r) {
-              unscale[r] = kAvx512Fp16Decode.prepare_q(dtype, &q[r * pad], head_dim, pad,
-                                                       &q_half[r * half_stride]);
-            }
-            ASSERT_TRUE(kAvx512Fp16Decode.tile(
-                QueryRows{q_half.data(), half_stride, rows, unscale.data()}, tile, scale, state));
-          } else {
-            ASSERT_TRUE(
-                kAvx512WideDecode.tile(QueryRows{q_eo.data(), pad, rows, nullptr}, tile, scale,
-                                       state));
+          // q in the kernel's format, through its own prepare_q.
+          const int64_t q_stride = QueryStride(kernel.q_format, pad);
+          const int64_t q_row_bytes = q_stride * QueryElemBytes(kernel.q_format);
+          std::vector<uint8_t> q_formatted(kRows * q_row_bytes);
+          std::vector<float> unscale(kRows);
+          for (int64_t r = 0; r < kRows; ++r) {
+            unscale[r] = kernel.prepare_q(dtype, &q[r * pad], head_dim, pad,
+                                          q_formatted.data() + r * q_row_bytes);
           }
-          const std::string where = (half ? "half " : "") + std::string(ToString(dtype)) +
+          ASSERT_TRUE(kernel.tile(QueryRows{q_formatted.data(), q_stride, rows, unscale.data()},
+                                  tile, scale, state));
+          const std::string where = std::string(kernel.name) + " " + std::string(ToString(dtype)) +
                                     " head_dim " +
                                     std::to_string(head_dim) + " tokens " +
                                     std::to_string(tokens) + " rows " + std::to_string(rows) +
@@ -594,15 +642,18 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
               if (half) z_error = std::max(z_error, 0x1p-8 * scale * magnitude);
               m_new = std::max(m_new, z[t]);
             }
-            // Relative error of a weight: its logit's and m's, and (half) its f16 rounding.
-            const double p_error = 2.0 * z_error + (half ? 0x1p-8 : 1e-5);
+            // Relative error of a weight: its logit's and m's, and (half) its
+            // f16 rounding; the pairs' PV takes weights rounded to bf16, l
+            // sums them unrounded.
+            const double l_error = 2.0 * z_error + (half ? 0x1p-8 : 1e-5);
+            const double p_error = rounding == Rounding::kBf16Pairs ? 0x1p-8 : l_error;
             const double alpha = fresh ? 0.0 : std::exp(m[r] - m_new);
             double l_new = l[r] * alpha;
             for (int64_t t = 0; t < tokens; ++t) l_new += std::exp(z[t] - m_new);
             EXPECT_NEAR(m_out[r], m_new, z_error + 1e-5 * (1.0 + std::fabs(m_new))) << where;
-            EXPECT_NEAR(l_out[r], l_new, p_error * l_new) << where;
+            EXPECT_NEAR(l_out[r], l_new, l_error * l_new) << where;
             for (int64_t d = 0; d < head_dim; ++d) {
-              double want = acc[r * pad + WideQIndex(d)] * alpha;
+              double want = acc[r * pad + acc_index(d)] * alpha;
               double mass = std::fabs(want);
               for (int64_t t = 0; t < tokens; ++t) {
                 const double pv =
@@ -610,7 +661,7 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
                 want += pv;
                 mass += std::fabs(pv);
               }
-              EXPECT_NEAR(acc_out[r * pad + WideQIndex(d)], want, p_error * mass + 1e-6)
+              EXPECT_NEAR(acc_out[r * pad + acc_index(d)], want, p_error * mass + 1e-6)
                   << where << " row " << r << " dim " << d;
             }
           }
@@ -802,10 +853,22 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   if (DetectedCpuFeatures().fast_bf16_dot) {
     EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16), "prefill: avx512_bf16_packed");
     EXPECT_EQ(report(DType::kF8E5M2, prefill, true, DType::kBF16), "prefill: avx512_bf16_packed");
-    CpuFeatures slow_dot = kAllCpuFeatures;
-    slow_dot.fast_bf16_dot = false;
-    ScopedCpuFeatureMask mask(slow_dot);
+    EXPECT_EQ(report(DType::kBF16, decode, false, DType::kBF16),
+              "decode: avx512_bf16_decode > avx512_bf16_rows");
+    EXPECT_EQ(report(DType::kF8E4M3FN, decode, false, DType::kBF16),
+              "decode: avx512_bf16_decode > avx512_bf16_rows");
+    EXPECT_EQ(report(DType::kBF16, decode, true, DType::kBF16), "decode: avx512_bf16_rows");
+    EXPECT_EQ(report(DType::kF8E5M2, middle, false, DType::kBF16), "middle: avx512_bf16_rows");
+    // Not exact in bf16: the widening path.
+    EXPECT_EQ(report(DType::kF16, decode, false, DType::kBF16),
+              "decode: avx512_wide_decode > avx512_wide");
+    EXPECT_EQ(report(DType::kBF16, decode, false, DType::kF32),
+              "decode: avx512_wide_decode > avx512_wide");
+    ScopedCpuFeatureMask mask(SlowBf16Dot());
     EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16), "prefill: highway_packed");
+    EXPECT_EQ(report(DType::kBF16, decode, false, DType::kBF16),
+              "decode: avx512_wide_decode > avx512_wide");
+    EXPECT_EQ(report(DType::kBF16, middle, false, DType::kBF16), "middle: avx512_wide");
   }
   if (DetectedCpuFeatures().avx512bf16) {
     ScopedAmxEmulation emulate;

@@ -27,38 +27,17 @@
 #include "kernel/avx512_bf16_packed.h"
 
 #if defined(__x86_64__)
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-
-#include <cstring>
-
 #include "kernel/amx.h"
-
-#define RPA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#include "kernel/avx512_common.h"
 
 namespace rpa::internal {
 namespace {
 
+using avx512::BroadcastPair;
+using avx512::DotBf16;
+using avx512::Lanes16;
+
 constexpr int kBlockRows = 8;
-
-RPA_BF16_TARGET __attribute__((always_inline)) inline __m512 Dot(__m512 acc, __m512i a,
-                                                                 __m512i b) {
-  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
-}
-
-// The 32-bit word at p (a pair of bf16) in every lane.
-RPA_BF16_TARGET __attribute__((always_inline)) inline __m512i BroadcastPair(const uint16_t* p) {
-  uint32_t pair;
-  std::memcpy(&pair, p, sizeof(pair));
-  return _mm512_set1_epi32(static_cast<int>(pair));
-}
-
-inline __mmask16 Lanes(int64_t count) {
-  return count >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1);
-}
 
 // s rows [r0, r0 + kRows) x keys [j0, j0 + 32) (those below n).
 struct LogitsBlockArgs {
@@ -73,7 +52,7 @@ struct LogitsBlockArgs {
 };
 
 template <int kRows>
-RPA_BF16_TARGET void LogitsBlock(const LogitsBlockArgs& a, int64_t j0) {
+RPA_AVX512_BF16_TARGET void LogitsBlock(const LogitsBlockArgs& a, int64_t j0) {
   __m512 acc0[kRows], acc1[kRows];
   for (int r = 0; r < kRows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const uint16_t* k = a.kp + 2 * j0;
@@ -83,20 +62,20 @@ RPA_BF16_TARGET void LogitsBlock(const LogitsBlockArgs& a, int64_t j0) {
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const __m512i qp = BroadcastPair(a.q + r * a.q_stride + 2 * p);
-      acc0[r] = Dot(acc0[r], qp, k0);
-      acc1[r] = Dot(acc1[r], qp, k1);
+      acc0[r] = DotBf16(acc0[r], qp, k0);
+      acc1[r] = DotBf16(acc1[r], qp, k1);
     }
   }
   for (int r = 0; r < kRows; ++r) {
     float* row = a.s + r * a.s_stride;
-    _mm512_mask_storeu_ps(row, Lanes(a.keys), acc0[r]);
-    if (a.keys > 16) _mm512_mask_storeu_ps(row + 16, Lanes(a.keys - 16), acc1[r]);
+    _mm512_mask_storeu_ps(row, Lanes16(a.keys), acc0[r]);
+    if (a.keys > 16) _mm512_mask_storeu_ps(row + 16, Lanes16(a.keys - 16), acc1[r]);
   }
 }
 
 // Calls fn.template operator()<k>(r) for blocks of k <= kBlockRows rows.
 template <class Fn>
-RPA_BF16_TARGET __attribute__((always_inline)) inline void ForEachRowBlock(int64_t rows,
+RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void ForEachRowBlock(int64_t rows,
                                                                            const Fn& fn) {
   int64_t r = 0;
   for (; r + kBlockRows <= rows; r += kBlockRows) fn.template operator()<kBlockRows>(r);
@@ -112,12 +91,12 @@ RPA_BF16_TARGET __attribute__((always_inline)) inline void ForEachRowBlock(int64
   }
 }
 
-RPA_BF16_TARGET void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
+RPA_AVX512_BF16_TARGET void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
   const uint16_t* kp = PackTileKeys(tile, scratch);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
-  ForEachRowBlock(q.rows, [&]<int kRows>(int64_t r) RPA_BF16_TARGET {
+  ForEachRowBlock(q.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
     LogitsBlockArgs a{static_cast<const uint16_t*>(q.data) + r * q.stride,
                       q.stride,
                       kp,
@@ -146,7 +125,7 @@ struct PvBlockArgs {
 };
 
 template <int kRows>
-RPA_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
+RPA_AVX512_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
   const bool two = d0 + 16 < a.d16;
   __m512 acc0[kRows], acc1[kRows];
   for (int r = 0; r < kRows; ++r) {
@@ -160,8 +139,8 @@ RPA_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const __m512i w = BroadcastPair(a.pb + r * a.pb_stride + 2 * j);
-      acc0[r] = Dot(acc0[r], w, v0);
-      acc1[r] = Dot(acc1[r], w, v1);
+      acc0[r] = DotBf16(acc0[r], w, v0);
+      acc1[r] = DotBf16(acc1[r], w, v1);
     }
   }
   for (int r = 0; r < kRows; ++r) {
@@ -170,14 +149,14 @@ RPA_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
   }
 }
 
-RPA_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
+RPA_AVX512_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
                         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
   const uint16_t* vp = PackTileValues(tile, scratch);
   const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   const int64_t d16 = AmxRoundUp(tile.head_dim, kAmxVDimAlign);
-  ForEachRowBlock(p.rows, [&]<int kRows>(int64_t r) RPA_BF16_TARGET {
+  ForEachRowBlock(p.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
     const PvBlockArgs a{weights + r * n32, n32, vp, d16, n32 / 2,
                         state.acc + r * state.stride, state.stride};
     for (int64_t d0 = 0; d0 < d16; d0 += 32) PvBlock<kRows>(a, d0);

@@ -23,8 +23,51 @@
 #include "rpa/dtype.h"
 
 #define RPA_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+// The bf16-pair kernels' functions: AVX-512 BF16 (vdpbf16ps, vcvtne2ps2bf16) too.
+#define RPA_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 namespace rpa::internal::avx512 {
+
+// The elements of the 32-element chunk at d (< size) that lie below size:
+// all of a whole chunk, the tail of the last one.
+inline __mmask32 ChunkMask(int64_t d, int64_t size) {
+  const int64_t left = size - d;
+  return left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+}
+
+// The first `count` of 16 lanes (none for count <= 0).
+inline __mmask16 Lanes16(int64_t count) {
+  return count >= 16 ? __mmask16{0xFFFF}
+                     : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1);
+}
+
+// acc + a[2i] b[2i] + a[2i + 1] b[2i + 1] in each f32 lane i (vdpbf16ps).
+RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512 DotBf16(__m512 acc, __m512i a,
+                                                                         __m512i b) {
+  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+}
+
+// The 32-bit word at p (a pair of bf16, element p[0] in the low half) in
+// every lane.
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512i BroadcastPair(const uint16_t* p) {
+  uint32_t pair;
+  std::memcpy(&pair, p, sizeof(pair));
+  return _mm512_set1_epi32(static_cast<int>(pair));
+}
+
+// Stores a kRows x kTokens block's logits (lane r * kTokens + t) for the
+// rows and tokens that exist.
+template <int kRows, int kTokens>
+RPA_AVX512_TARGET __attribute__((always_inline)) inline void StoreLogitsBlock(
+    __m512 logits, int64_t rows, int64_t tokens, float* s, int64_t s_stride) {
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, logits);
+  const int64_t valid_rows = rows < kRows ? rows : kRows;
+  const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
+  for (int64_t r = 0; r < valid_rows; ++r) {
+    std::memcpy(s + r * s_stride, sums + r * kTokens, sizeof(float) * valid_tokens);
+  }
+}
 
 // x + y as 16 floats, or (kHalf) as 32 halves (vaddph).
 template <bool kHalf>

@@ -31,27 +31,6 @@ namespace rpa::internal {
 namespace avx512 {
 namespace {
 
-// The elements of the 32-element chunk at d (< head_dim) that lie below
-// head_dim: all of a whole chunk, the tail of the last one.
-inline __mmask32 ChunkMask(int64_t d, int64_t head_dim) {
-  const int64_t left = head_dim - d;
-  return left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-}
-
-// Stores a kRows x kTokens block's logits (lane r * kTokens + t) for the
-// rows and tokens that exist.
-template <int kRows, int kTokens>
-RPA_AVX512_TARGET __attribute__((always_inline)) inline void StoreLogitsBlock(
-    __m512 logits, int64_t rows, int64_t tokens, float* s, int64_t s_stride) {
-  alignas(64) float sums[16];
-  _mm512_store_ps(sums, logits);
-  const int64_t valid_rows = rows < kRows ? rows : kRows;
-  const int64_t valid_tokens = tokens < kTokens ? tokens : kTokens;
-  for (int64_t r = 0; r < valid_rows; ++r) {
-    std::memcpy(s + r * s_stride, sums + r * kTokens, sizeof(float) * valid_tokens);
-  }
-}
-
 RPA_AVX512_TARGET void Fp8RowsToBf16Impl(const Fp8Table& table, const KvRows& rows, int64_t n,
                                          int64_t head_dim, const TileScratch& scratch) {
   const Fp8Lut lut = LoadLut(&table);

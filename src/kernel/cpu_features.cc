@@ -123,7 +123,15 @@ const std::string& AmxDetection() { return Detected().amx_reason; }
 CpuFeatures UsableCpuFeatures() {
   CpuFeatures f = DetectedCpuFeatures();
   if (t_amx_emulated && f.avx512bf16) f.amx_bf16 = f.amx_emulated = true;
-  return f & t_allowed;
+  f = f & t_allowed;
+  // A mask that hides a feature hides what builds on it (so no mask can
+  // leave a kernel dispatched without its instructions).
+  f.avx512fp16 = f.avx512fp16 && f.avx512bw;
+  f.avx512bf16 = f.avx512bf16 && f.avx512bw;
+  f.fast_bf16_dot = f.fast_bf16_dot && f.avx512bf16;
+  f.amx_bf16 = f.amx_bf16 && f.avx512bf16;
+  f.amx_emulated = f.amx_emulated && f.amx_bf16;
+  return f;
 }
 
 ScopedAmxEmulation::ScopedAmxEmulation() : saved_(t_amx_emulated) { t_amx_emulated = true; }

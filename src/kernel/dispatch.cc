@@ -9,6 +9,7 @@
 #if defined(__x86_64__)
 #include "kernel/amx_prefill.h"
 #include "kernel/avx512_bf16_packed.h"
+#include "kernel/avx512_bf16_rows.h"
 #include "kernel/avx512_fp16_decode.h"
 #include "kernel/avx512_wide.h"
 #endif
@@ -65,6 +66,15 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
                                                               kv == DType::kI8);
   if (cpu.fast_bf16_dot && bf16_exact) {
     choice.classes[static_cast<int>(TaskClass::kPrefill)].products = &kAvx512Bf16Packed;
+  }
+  // Decode and the middle class by bf16 pairs straight from the cache's
+  // rows, where vdpbf16ps runs at full rate: bf16 q over bf16 or fp8 K/V.
+  if (cpu.fast_bf16_dot && problem.q_dtype == DType::kBF16 && (kv == DType::kBF16 || fp8)) {
+    TaskKernels& decode = choice.classes[static_cast<int>(TaskClass::kDecode)];
+    decode = TaskKernels{};
+    decode.products = &kAvx512Bf16Rows;
+    if (problem.soft_cap == 0.0f) decode.fused[0] = &kAvx512Bf16Decode;
+    choice.classes[static_cast<int>(TaskClass::kMiddle)].products = &kAvx512Bf16Rows;
   }
   if (cpu.amx_bf16 && bf16_exact && (cpu.amx_emulated || AmxOptedIn())) {
     choice.classes[static_cast<int>(TaskClass::kPrefill)].products =

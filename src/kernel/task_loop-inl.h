@@ -171,19 +171,20 @@ void LoadQueries(const TaskContext& c) {
 }
 
 // Fused tiles over rows [*r0, *r0 + *left) of one kv head, in groups of up to
-// 4; each kernel in order gets a group until one takes it. Stops at the
-// first group every kernel declines, or when fewer rows are left than the
-// first kernel's minimum. The first group prefetches the next tile.
+// 4; each kernel in order whose min_rows the group meets gets it until one
+// takes it. Stops at the first group no kernel takes. The first group
+// prefetches the next tile.
 void FusedGroups(const TaskContext& c, KvTile tile, int64_t* r0, int64_t* left) {
   const FusedTileKernel* const* fused = c.kernels->fused;
   const int64_t next_k = tile.k_next.count, next_v = tile.v_next.count;
-  while (*left >= fused[0]->min_rows) {
+  while (*left > 0) {
     const int64_t group = std::min<int64_t>(*left, 4);
     const bool first = *left == c.rows_per_head;
     tile.k_next.count = first ? next_k : 0;
     tile.v_next.count = first ? next_v : 0;
     bool done = false;
     for (int i = 0; i < 2 && !done && fused[i] != nullptr; ++i) {
+      if (group < fused[i]->min_rows) continue;
       done = fused[i]->tile(c.Queries(fused[i]->q_format, *r0, group), tile,
                             c.softmax.logit_scale, c.State(*r0));
     }
@@ -276,14 +277,15 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
   }
 }
 
-// The accumulators back to natural dimension order (kEvenOdd kernels).
-void ToNaturalOrder(const TaskContext& c) {
+// The accumulators back to natural dimension order from the kernels' order
+// (a permutation within each 32-dimension chunk).
+void ToNaturalOrder(const TaskContext& c, AccOrder order) {
   for (int64_t r = 0; r < c.rows; ++r) {
     float* acc = c.ws->acc + r * c.ws->dim_pad;
     for (int64_t d0 = 0; d0 < c.ws->dim_pad; d0 += 32) {
       float chunk[32];
       std::memcpy(chunk, acc + d0, sizeof(chunk));
-      for (int64_t i = 0; i < 32; ++i) acc[d0 + i] = chunk[WideQIndex(i)];
+      for (int64_t i = 0; i < 32; ++i) acc[d0 + i] = chunk[AccIndex(order, i)];
     }
   }
 }
@@ -330,7 +332,8 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task,
   const TaskContext c = MakeContext(pr, task, run, ws);
   LoadQueries(c);
   WalkTiles(c, run.kv_block);
-  if (c.kernels->products->acc_order == AccOrder::kEvenOdd) ToNaturalOrder(c);
+  const AccOrder order = c.kernels->products->acc_order;
+  if (order != AccOrder::kNatural) ToNaturalOrder(c, order);
   if (task.partial_offset >= 0) {
     WritePartial(c, partials + task.partial_offset);
   } else {

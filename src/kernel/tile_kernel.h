@@ -51,8 +51,26 @@ inline int64_t WideQIndex(int64_t d) {
   return (d & ~int64_t{31}) + (i & 1) * 16 + (i >> 1);
 }
 
+// Where dimension d lives in a kPairInterleaved accumulator row: within
+// each 32-dimension chunk, dims 8L + 0..3 of each 128-bit lane L first (the
+// low halves of vpunpcklwd's pairs), then dims 8L + 4..7.
+inline int64_t PairAccIndex(int64_t d) {
+  const int64_t i = d & 31;
+  return (d & ~int64_t{31}) + ((i >> 2) & 1) * 16 + (i >> 3) * 4 + (i & 3);
+}
+
 // The order of the dimensions in the kernel's accumulator rows.
-enum class AccOrder : uint8_t { kNatural, kEvenOdd };
+enum class AccOrder : uint8_t { kNatural, kEvenOdd, kPairInterleaved };
+
+// Where dimension d lives in an accumulator row of this order.
+inline int64_t AccIndex(AccOrder order, int64_t d) {
+  switch (order) {
+    case AccOrder::kNatural: return d;
+    case AccOrder::kEvenOdd: return WideQIndex(d);
+    case AccOrder::kPairInterleaved: return PairAccIndex(d);
+  }
+  return d;
+}
 
 // Query rows of one kv head for a tile kernel.
 struct QueryRows {

@@ -1,0 +1,400 @@
+// The AVX-512 BF16 pair kernels for decode and the middle class: both
+// products by vdpbf16ps (pairs of bf16 multiplied and summed into f32
+// lanes) straight from the cache's rows, nothing packed.
+//
+// Arithmetic:
+//   logits  q_r . k_t: a 32-bit lane of 32 loaded bf16 holds dims 2i and
+//           2i + 1 of K's row, which is already the pair vdpbf16ps wants;
+//           q rows are bf16 (kBf16) in the same order. Blocks of 4 rows x
+//           4 keys (2 x 8, 1 x 16 for 1-2 q heads per kv head) keep 16
+//           accumulators of 16 partial sums each, reduced by one
+//           transpose-and-add tree (avx512_common.h's BlockLogits).
+//   PV      acc_r += sum_t p[r][t] v_t: vdpbf16ps needs key pairs in a
+//           lane, so two V rows t, t + 1 are interleaved in registers
+//           (vpunpck{l,h}wd): the low vector holds dims 8L + 0..3 of each
+//           128-bit lane L, the high one dims 8L + 4..7, and the
+//           accumulators keep that order (AccOrder::kPairInterleaved,
+//           PairAccIndex), which the task loop undoes once per task. The
+//           weights are rounded to bf16 (nearest even) as the prefill
+//           kernels round them; l sums the unrounded weights.
+//   fp8     e4m3fn and e5m2 become bf16 by two vpermi2w table lookups per 32
+//           codes in registers (exact; e4m3fn at its true value).
+// Against the FMA kernels (avx512_wide.cc) this halves the multiply-add
+// instructions and needs no widening: on Zen 4, vdpbf16ps issues as often
+// as the f32 FMA (CpuFeatures::fast_bf16_dot), so decode's arithmetic drops
+// below its memory time (docs/kernel.md, Dispatch).
+//
+// Error: the logits are exact bf16 products summed in f32 (as the FMA
+// kernels' f32 sums of the same products); the weights' bf16 rounding is
+// the prefill kernels' and sits inside the bf16 tolerance (docs/contract.md).
+//
+// Dispatch chooses it for bf16 q over bf16 or 8-bit float K/V with fewer
+// than kPackedMinRows rows per kv head where vdpbf16ps runs at full rate;
+// its fused tile (kAvx512Bf16Decode) for decode tiles every row sees whole.
+#include "kernel/avx512_bf16_rows.h"
+
+#if defined(__x86_64__)
+#include <cstring>
+
+#include "kernel/avx512_common.h"
+
+namespace rpa::internal {
+namespace avx512 {
+namespace {
+
+// How a K/V row's elements are stored.
+enum class Source : uint8_t {
+  kBf16,  // bf16: loaded as is.
+  kFp8,   // e4m3fn or e5m2: a table lookup to bf16 first (Fp8ToBf16).
+};
+
+// Elements [d, d + 32) of a K/V row as 32 bf16 (masked: nothing past the
+// row is read, the tail is 0).
+template <Source kSource, bool kWhole = false>
+RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i LoadBf16(
+    const void* row, int64_t d, __mmask32 mask, const Fp8Lut& lut) {
+  if constexpr (kSource == Source::kFp8) {
+    const uint8_t* p = static_cast<const uint8_t*>(row) + d;
+    const __m256i codes = kWhole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                 : _mm256_maskz_loadu_epi8(mask, p);
+    return Fp8ToBf16(_mm512_cvtepu8_epi16(codes), lut);
+  } else {
+    const uint16_t* p = static_cast<const uint16_t*>(row) + d;
+    return kWhole ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask, p);
+  }
+}
+
+// The logits of a kRows x kTokens block (kRows * kTokens = 16) of key rows
+// k[t]: lane r * kTokens + t of the result is q_r . k_t. q rows are bf16,
+// zero padded to a multiple of 32 dims.
+template <int kRows, int kTokens, Source kSource>
+RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512 PairLogitsVector(
+    const uint16_t* const* q, const void* const* k, int64_t head_dim, const Fp8Lut& lut) {
+  static_assert(kRows * kTokens == 16);
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  // One 32-dim chunk of every row and key (kWhole: no tail, unmasked loads).
+  auto chunk = [&]<bool kWhole>(int64_t d) RPA_AVX512_BF16_TARGET {
+    const __mmask32 mask = kWhole ? ~__mmask32{0} : ChunkMask(d, head_dim);
+    __m512i keys[kTokens];
+#pragma GCC unroll 16
+    for (int t = 0; t < kTokens; ++t) keys[t] = LoadBf16<kSource, kWhole>(k[t], d, mask, lut);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      const __m512i qr = _mm512_loadu_si512(q[r] + d);
+#pragma GCC unroll 16
+      for (int t = 0; t < kTokens; ++t) {
+        acc[r * kTokens + t] = DotBf16(acc[r * kTokens + t], qr, keys[t]);
+      }
+    }
+  };
+  int64_t d = 0;
+  for (; d + 32 <= head_dim; d += 32) chunk.template operator()<true>(d);
+  if (d < head_dim) chunk.template operator()<false>(d);
+  return BlockLogits(acc);
+}
+
+// The logits of rows [r, r + kRows) x keys [t, t + kTokens) that exist.
+template <int kRows, int kTokens, Source kSource>
+RPA_AVX512_BF16_TARGET void PairLogitsBlock(const QueryRows& q, const KvTile& tile, int64_t r,
+                                            int64_t t, const TileLogits& s, const Fp8Lut& lut) {
+  const void* keys[kTokens];
+#pragma GCC unroll 16
+  for (int i = 0; i < kTokens; ++i) keys[i] = tile.k[t + i < tile.n ? t + i : t];
+  const uint16_t* q_rows[kRows];
+  const uint16_t* q0 = static_cast<const uint16_t*>(q.data) + r * q.stride;
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows; ++i) q_rows[i] = q0 + (r + i < q.rows ? i : 0) * q.stride;
+  StoreLogitsBlock<kRows, kTokens>(
+      PairLogitsVector<kRows, kTokens, kSource>(q_rows, keys, tile.head_dim, lut), q.rows - r,
+      tile.n - t, s.s + r * s.stride + t, s.stride);
+}
+
+// Logits of every row and key, in blocks of 4 rows (then 2 or 1) so that
+// 1-2 q heads per kv head still fill 16 accumulators; the first row block
+// prefetches the next tile's K rows, a block's worth per block.
+template <Source kSource>
+RPA_AVX512_BF16_TARGET void PairLogitsRows(const QueryRows& q, const KvTile& tile,
+                                           const TileLogits& s, const Fp8Lut& lut) {
+  const int64_t rows = q.rows, n = tile.n, bytes = tile.row_bytes;
+  const int64_t per = rows > 2 ? 4 : rows == 2 ? 8 : 16;
+  if (tile.k_next.count > RoundUp(n, per)) {
+    PrefetchRows(tile.k_next, RoundUp(n, per), tile.k_next.count, bytes);
+  }
+  int64_t r = 0;
+  for (; rows - r > 2; r += 4) {
+    for (int64_t t = 0; t < n; t += 4) {
+      if (r == 0) PrefetchRows(tile.k_next, t, 4, bytes);
+      PairLogitsBlock<4, 4, kSource>(q, tile, r, t, s, lut);
+    }
+  }
+  if (rows - r == 2) {
+    for (int64_t t = 0; t < n; t += 8) {
+      if (r == 0) PrefetchRows(tile.k_next, t, 8, bytes);
+      PairLogitsBlock<2, 8, kSource>(q, tile, r, t, s, lut);
+    }
+  } else if (rows - r == 1) {
+    for (int64_t t = 0; t < n; t += 16) {
+      if (r == 0) PrefetchRows(tile.k_next, t, 16, bytes);
+      PairLogitsBlock<1, 16, kSource>(q, tile, r, t, s, lut);
+    }
+  }
+}
+
+// Where a row's bf16 weight pair j (keys 2j, 2j + 1) lives.
+enum class WeightLayout : uint8_t {
+  kRows,     // Row r's bf16 weights at w + r * w_stride, key t at element t.
+  kBlocked,  // The fused tile's: blocks of 4 keys x 4 rows, element r * 4 + t % 4 of block t / 4.
+};
+
+// One PV pass: accumulator rows (kPairInterleaved) += sum_t p[r][t] v_t.
+struct PairPvPass {
+  const uint16_t* w = nullptr;  // bf16 weights (WeightLayout); key n's, if n is odd, 0.
+  int64_t w_stride = 0;         // kRows: elements between rows.
+  int64_t rows = 0;             // Valid rows (of the block's kRows).
+  KvRows v;                     // [n] V rows.
+  int64_t n = 0;
+  int64_t head_dim = 0;
+  float* acc = nullptr;         // [rows, acc_stride]
+  int64_t acc_stride = 0;
+  const float* alpha = nullptr;      // [rows] scales each acc row first; null: none.
+  const KvRows* prefetch = nullptr;  // The next tile's V rows; null: none.
+  int64_t prefetch_bytes = 0;
+  const Fp8Lut* lut = nullptr;
+};
+
+template <WeightLayout kLayout>
+__attribute__((always_inline)) inline const uint16_t* WeightPair(const PairPvPass& a, int64_t r,
+                                                                 int64_t j) {
+  if constexpr (kLayout == WeightLayout::kBlocked) return a.w + 16 * (j >> 1) + 4 * r + 2 * (j & 1);
+  return a.w + r * a.w_stride + 2 * j;
+}
+
+// A pass over kRows rows and the kChunks 32-dim chunks from d0 (4 kRows *
+// kChunks accumulators: 16 at 4 rows x 2 chunks). Per key pair, each chunk
+// of the two V rows is interleaved once and feeds every row.
+template <int kRows, int kChunks, Source kSource, WeightLayout kLayout>
+RPA_AVX512_BF16_TARGET void PairPvBlock(const PairPvPass& a, int64_t d0, bool prefetch) {
+  static_assert(kLayout == WeightLayout::kRows || kRows == 4);
+  const Fp8Lut lut = *a.lut;
+  const KvRows pf = prefetch && a.prefetch != nullptr ? *a.prefetch : KvRows{};
+  __mmask32 mask[kChunks];
+  for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask(d0 + 32 * c, a.head_dim);
+  int64_t row[kRows];  // Rows past a.rows repeat row 0; nothing of theirs is stored.
+  for (int r = 0; r < kRows; ++r) row[r] = r < a.rows ? r : 0;
+  __m512 lo[kChunks][kRows], hi[kChunks][kRows];
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r) {
+    const float* acc = a.acc + row[r] * a.acc_stride + d0;
+    const __m512 alpha = _mm512_set1_ps(a.alpha != nullptr ? a.alpha[row[r]] : 1.0f);
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      lo[c][r] = _mm512_mul_ps(_mm512_loadu_ps(acc + 32 * c), alpha);
+      hi[c][r] = _mm512_mul_ps(_mm512_loadu_ps(acc + 32 * c + 16), alpha);
+    }
+  }
+  // Keys t and t + 1 (a zero row where t + 1 == n) into every row.
+  auto pair = [&](int64_t t, bool partner) RPA_AVX512_BF16_TARGET {
+    __m512i vlo[kChunks], vhi[kChunks];
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      const __m512i v0 = LoadBf16<kSource>(a.v[t], d0 + 32 * c, mask[c], lut);
+      const __m512i v1 = partner ? LoadBf16<kSource>(a.v[t + 1], d0 + 32 * c, mask[c], lut)
+                                 : _mm512_setzero_si512();
+      vlo[c] = _mm512_unpacklo_epi16(v0, v1);
+      vhi[c] = _mm512_unpackhi_epi16(v0, v1);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      const __m512i w = BroadcastPair(WeightPair<kLayout>(a, row[r], t >> 1));
+#pragma GCC unroll 2
+      for (int c = 0; c < kChunks; ++c) {
+        lo[c][r] = DotBf16(lo[c][r], w, vlo[c]);
+        hi[c][r] = DotBf16(hi[c][r], w, vhi[c]);
+      }
+    }
+  };
+  int64_t t = 0;
+  for (; t + 2 <= a.n; t += 2) {
+    if (t < pf.count) PrefetchRows(pf, t, 2, a.prefetch_bytes);
+    pair(t, true);
+  }
+  if (t < a.n) {
+    if (t < pf.count) PrefetchRows(pf, t, 2, a.prefetch_bytes);
+    pair(t, false);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= a.rows) continue;
+    float* acc = a.acc + r * a.acc_stride + d0;
+#pragma GCC unroll 2
+    for (int c = 0; c < kChunks; ++c) {
+      _mm512_storeu_ps(acc + 32 * c, lo[c][r]);
+      _mm512_storeu_ps(acc + 32 * c + 16, hi[c][r]);
+    }
+  }
+}
+
+// One row block's PV over the whole head: chunk pairs, then a last single
+// chunk where the chunk count is odd. The first pass issues the prefetches.
+template <int kRows, Source kSource, WeightLayout kLayout>
+RPA_AVX512_BF16_TARGET void PairPvRows(const PairPvPass& a) {
+  int64_t d = 0;
+  for (; d + 32 < a.head_dim; d += 64) PairPvBlock<kRows, 2, kSource, kLayout>(a, d, d == 0);
+  if (d < a.head_dim) PairPvBlock<kRows, 1, kSource, kLayout>(a, d, d == 0);
+}
+
+// Each row's f32 weights [0, n) as bf16 (nearest even) at the start of the
+// same row, key n's 0 where n is odd: each 32-key chunk is read before its
+// bf16, at or below it, is stored.
+RPA_AVX512_BF16_TARGET void RowWeightsToBf16(const TileLogits& p, int64_t n) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* row = p.s + r * p.stride;
+    uint16_t* out = reinterpret_cast<uint16_t*>(row);
+    for (int64_t t = 0; t < n; t += 32) {
+      const __m512 a = _mm512_maskz_loadu_ps(Lanes16(n - t), row + t);
+      const __m512 b = _mm512_maskz_loadu_ps(Lanes16(n - t - 16), row + t + 16);
+      const __m512i bf = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+      _mm512_mask_storeu_epi16(out + t, ChunkMask(t, RoundUp(n, 2)), bf);
+    }
+  }
+}
+
+// PV of every row in blocks of 4, 2 and 1 rows; the first block prefetches.
+template <Source kSource>
+RPA_AVX512_BF16_TARGET void PairPvAllRows(PairPvPass a, int64_t rows) {
+  const KvRows* pf = a.prefetch;
+  if (pf != nullptr && pf->count > a.n) PrefetchRows(*pf, a.n, pf->count, a.prefetch_bytes);
+  const uint16_t* w = a.w;
+  float* acc = a.acc;
+  int64_t r = 0;
+  auto block = [&](int64_t count) {
+    a.w = w + r * a.w_stride;
+    a.acc = acc + r * a.acc_stride;
+    a.rows = count;
+    a.prefetch = r == 0 ? pf : nullptr;
+  };
+  for (; r + 4 <= rows; r += 4) {
+    block(4);
+    PairPvRows<4, kSource, WeightLayout::kRows>(a);
+  }
+  if (rows - r >= 2) {
+    block(2);
+    PairPvRows<2, kSource, WeightLayout::kRows>(a);
+    r += 2;
+  }
+  if (rows - r == 1) {
+    block(1);
+    PairPvRows<1, kSource, WeightLayout::kRows>(a);
+  }
+}
+
+// A pass over the tile's V rows into the state's accumulators, prefetching
+// the next tile's; the weights, rows and alpha are the caller's.
+PairPvPass PassOver(const KvTile& tile, const SoftmaxState& state, const Fp8Lut* lut) {
+  PairPvPass a;
+  a.v = tile.v;
+  a.n = tile.n;
+  a.head_dim = tile.head_dim;
+  a.acc = state.acc;
+  a.acc_stride = state.stride;
+  a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
+  a.prefetch_bytes = tile.row_bytes;
+  a.lut = lut;
+  return a;
+}
+
+template <Source kSource>
+RPA_AVX512_BF16_TARGET void LogitsImpl(const QueryRows& q, const KvTile& tile,
+                                       const TileLogits& s) {
+  const Fp8Lut lut = LoadLut(kSource == Source::kFp8 ? Fp8TableOf(tile.dtype, false) : nullptr);
+  PairLogitsRows<kSource>(q, tile, s, lut);
+}
+
+template <Source kSource>
+RPA_AVX512_BF16_TARGET void PvImpl(const TileLogits& p, const KvTile& tile,
+                                   const SoftmaxState& state) {
+  const Fp8Lut lut = LoadLut(kSource == Source::kFp8 ? Fp8TableOf(tile.dtype, false) : nullptr);
+  RowWeightsToBf16(p, tile.n);
+  PairPvPass a = PassOver(tile, state, &lut);
+  a.w = reinterpret_cast<const uint16_t*>(p.s);
+  a.w_stride = 2 * p.stride;
+  PairPvAllRows<kSource>(a, p.rows);
+}
+
+template <Source kSource>
+RPA_AVX512_BF16_TARGET bool DecodeTileImpl(const QueryRows& q_rows, const KvTile& tile,
+                                           float logit_scale, const SoftmaxState& state) {
+  const Fp8Lut lut = LoadLut(kSource == Source::kFp8 ? Fp8TableOf(tile.dtype, false) : nullptr);
+  const __m512 scale = _mm512_set1_ps(logit_scale);
+  const int64_t rows = q_rows.rows;
+  // Rows past `rows` repeat the last one; nothing of theirs is stored.
+  const uint16_t* q[4];
+  const uint16_t* q0 = static_cast<const uint16_t*>(q_rows.data);
+  for (int r = 0; r < 4; ++r) q[r] = q0 + (r < rows ? r : rows - 1) * q_rows.stride;
+  // Logits, then weights, in blocks of 4 keys: lane r * 4 + t = (row r, key 4b + t).
+  alignas(64) float w[kFusedMaxKeys / 4 * 16];
+  __m512 vmax;
+  __mmask16 nan;
+  DecodeTileLogits(
+      tile,
+      [&](const void* const* k) RPA_AVX512_BF16_TARGET {
+        return _mm512_mul_ps(PairLogitsVector<4, 4, kSource>(q, k, tile.head_dim, lut), scale);
+      },
+      w, &vmax, &nan);
+  DecodeTileState next;
+  if (!DecodeTileSoftmax(w, tile.n, vmax, nan, rows, state.m, state.l, &next)) return false;
+  next.Commit(rows, state.m, state.l);
+  // The weights as bf16 in the same blocks (keys past n are 0).
+  alignas(64) uint16_t wb[kFusedMaxKeys / 4 * 16];
+  for (int64_t b = 0; 4 * b < tile.n; ++b) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(wb + 16 * b),
+                       reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(w + 16 * b))));
+  }
+  PairPvPass a = PassOver(tile, state, &lut);
+  a.w = wb;
+  a.rows = rows;
+  a.alpha = next.alpha;
+  PairPvRows<4, kSource, WeightLayout::kBlocked>(a);
+  return true;
+}
+
+bool IsFp8(DType dtype) { return dtype == DType::kF8E4M3FN || dtype == DType::kF8E5M2; }
+
+void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
+            const TileScratch& /*scratch*/) {
+  if (q.rows <= 0 || tile.n <= 0) return;
+  IsFp8(tile.dtype) ? LogitsImpl<Source::kFp8>(q, tile, s) : LogitsImpl<Source::kBf16>(q, tile, s);
+}
+
+void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
+        const TileScratch& /*scratch*/) {
+  if (p.rows <= 0 || tile.n <= 0) return;
+  IsFp8(tile.dtype) ? PvImpl<Source::kFp8>(p, tile, state)
+                    : PvImpl<Source::kBf16>(p, tile, state);
+}
+
+bool DecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
+                const SoftmaxState& state) {
+  return IsFp8(tile.dtype) ? DecodeTileImpl<Source::kFp8>(q, tile, logit_scale, state)
+                           : DecodeTileImpl<Source::kBf16>(q, tile, logit_scale, state);
+}
+
+}  // namespace
+}  // namespace avx512
+
+const ProductKernel kAvx512Bf16Rows = {"avx512_bf16_rows",  QueryFormat::kBf16,
+                                       PrepareBf16Row,      AccOrder::kPairInterleaved,
+                                       /*e4m3_scaled=*/false, avx512::Logits,
+                                       avx512::Pv};
+
+const FusedTileKernel kAvx512Bf16Decode = {
+    "avx512_bf16_decode", QueryFormat::kBf16, PrepareBf16Row, AccOrder::kPairInterleaved,
+    /*e4m3_scaled=*/false,
+    // Computes 4 rows whatever the group: below 3 the unfused products cost less.
+    /*min_rows=*/3, avx512::DecodeTile};
+
+}  // namespace rpa::internal
+
+#endif  // __x86_64__

@@ -1,0 +1,21 @@
+// The AVX-512 BF16 pair kernels for decode and the middle class
+// (avx512_bf16_rows.cc): both products by vdpbf16ps straight from the
+// cache's rows. x86-64 only.
+#ifndef RPA_SRC_KERNEL_AVX512_BF16_ROWS_H_
+#define RPA_SRC_KERNEL_AVX512_BF16_ROWS_H_
+
+#include "kernel/tile_kernel.h"
+
+#if defined(__x86_64__)
+namespace rpa::internal {
+
+// Unfused products over bf16, e4m3fn or e5m2 K/V with bf16 q (kBf16);
+// accumulators kPairInterleaved. Needs CpuFeatures::avx512bf16.
+extern const ProductKernel kAvx512Bf16Rows;
+// The fused decode tile of the same arithmetic (min_rows 3).
+extern const FusedTileKernel kAvx512Bf16Decode;
+
+}  // namespace rpa::internal
+#endif  // __x86_64__
+
+#endif  // RPA_SRC_KERNEL_AVX512_BF16_ROWS_H_
