@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "block_sizes_internal.h"
+#include "rpa/kernels.h"
 #include "format.h"
 #include "kernel/scratch.h"
 
@@ -352,19 +353,6 @@ bool LoadTunedBlockSizes(const std::string& path) {
   return internal::LoadUserTableLocked(tables, path);
 }
 
-std::string CpuModelName() {
-  static const std::string name = [] {
-    std::ifstream cpuinfo("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(cpuinfo, line)) {
-      if (line.rfind("model name", 0) == 0) {
-        const size_t colon = line.find(':');
-        if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-      }
-    }
-    return std::string("unknown");
-  }();
-  return name;
-}
+std::string CpuModelName() { return ThisCpuInfo().model_name; }
 
 }  // namespace rpa

@@ -15,6 +15,18 @@ namespace rpa {
 // `rpa --version` and `python -m rpa` print.
 std::string DescribeKernels(DType kv_dtype);
 
+// Which CPU this is, as CPUID names it: what a benchmark's JSON and the
+// tuned block-size table record of the machine they ran on.
+struct CpuInfo {
+  std::string vendor;      // "AuthenticAMD", "GenuineIntel", ...; "" off x86-64.
+  std::string model_name;  // /proc/cpuinfo's "model name" ("AMD EPYC 9R14 ..."), or "unknown".
+  int family = 0;          // Display family and model (base + extended); 0 off x86-64.
+  int model = 0;
+  std::string features;    // The detected features dispatch reads ("avx512bw avx512bf16 ...").
+};
+// Detected once per process.
+const CpuInfo& ThisCpuInfo();
+
 }  // namespace rpa
 
 #endif  // RPA_KERNELS_H_

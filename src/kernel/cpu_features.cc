@@ -1,12 +1,14 @@
 #include "kernel/cpu_features.h"
 
+#include <cstring>
+#include <fstream>
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #define RPA_HAVE_X86 1
 #else
 #define RPA_HAVE_X86 0
@@ -117,6 +119,52 @@ std::string CpuFeatures::ToString() const {
 }
 
 const CpuFeatures& DetectedCpuFeatures() { return Detected().features; }
+
+namespace {
+
+// /proc/cpuinfo's "model name", or "unknown".
+std::string ProcModelName() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t first = line.find_first_not_of(' ', colon + 1);
+    return first == std::string::npos ? std::string("unknown") : line.substr(first);
+  }
+  return "unknown";
+}
+
+CpuInfo Identify() {
+  CpuInfo id;
+  id.model_name = ProcModelName();
+  id.features = DetectedCpuFeatures().ToString();
+#if RPA_HAVE_X86
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __cpuid(0, eax, ebx, ecx, edx);
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  id.vendor = vendor;
+  __cpuid(1, eax, ebx, ecx, edx);
+  const int base_family = static_cast<int>((eax >> 8) & 0xF);
+  const int base_model = static_cast<int>((eax >> 4) & 0xF);
+  id.family = base_family + (base_family == 0xF ? static_cast<int>((eax >> 20) & 0xFF) : 0);
+  id.model = base_model + (base_family == 0x6 || base_family == 0xF
+                               ? static_cast<int>((eax >> 16) & 0xF) << 4
+                               : 0);
+#endif
+  return id;
+}
+
+}  // namespace
+
+const CpuInfo& ThisCpu() {
+  static const CpuInfo id = Identify();
+  return id;
+}
 
 const std::string& AmxDetection() { return Detected().amx_reason; }
 

@@ -9,6 +9,8 @@
 
 #include <string>
 
+#include "rpa/kernels.h"
+
 namespace rpa::internal {
 
 struct CpuFeatures {
@@ -42,6 +44,9 @@ struct CpuFeatures {
 
 // The features the hardware and OS offer (detected on the first call).
 const CpuFeatures& DetectedCpuFeatures();
+
+// Which CPU this is (rpa::CpuInfo), detected once.
+const CpuInfo& ThisCpu();
 
 // Why amx_bf16 is or is not set: "AMX bf16 tiles usable", or which step
 // failed ("CPU lacks amx-bf16, amx-tile", "OS does not enable tile state in

@@ -115,4 +115,6 @@ namespace rpa {
 
 std::string DescribeKernels(DType kv_dtype) { return internal::DescribeDispatch(kv_dtype); }
 
+const CpuInfo& ThisCpuInfo() { return internal::ThisCpu(); }
+
 }  // namespace rpa
