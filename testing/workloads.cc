@@ -14,6 +14,8 @@ std::vector<SequenceShape> DecodeSequences() { return std::vector<SequenceShape>
 
 std::vector<SequenceShape> DecodeLongSequences() { return {{1, 32768}}; }
 
+std::vector<SequenceShape> VerifySequences() { return std::vector<SequenceShape>(16, {4, 1024}); }
+
 std::vector<SequenceShape> PrefillSequences(int32_t prefill_len) {
   return {{prefill_len, prefill_len}};
 }

@@ -28,6 +28,9 @@ std::vector<SequenceShape> DecodeSequences();
 std::vector<SequenceShape> DecodeLongSequences();
 std::vector<SequenceShape> PrefillSequences(int32_t prefill_len);
 std::vector<SequenceShape> MixedSequences();
+// verify: speculative verification, 16 x (q 4, kv 1024): 4 draft tokens per
+// sequence checked at once (16 rows per kv head at GQA 4: the middle class).
+std::vector<SequenceShape> VerifySequences();
 
 // The work of a batch: FLOPs of q.k and p.v over the visible (causal) keys,
 // 4 * head_dim per (query row, key, q head), and its unique K/V bytes.

@@ -56,6 +56,7 @@ using testing::MixedSequences;
 using testing::PrefillSequences;
 using testing::SequenceShape;
 using testing::SyntheticBatch;
+using testing::VerifySequences;
 using testing::WorkCount;
 
 using Clock = std::chrono::steady_clock;
@@ -99,6 +100,7 @@ std::vector<Workload> Workloads() {
       {"decode-fp8", DecodeSequences(), DType::kF8E4M3FN, 0.5},
       {"decode-f16", DecodeSequences(), DType::kF16},
       {"decode-long", DecodeLongSequences()},
+      {"verify", VerifySequences()},
       {"prefill", PrefillSequences(2048)},
       {"mixed", MixedSequences()},
   };
@@ -493,7 +495,12 @@ std::vector<Result> RunLayers(const MachineLimits& limits, int all_threads, cons
 }
 
 void PrintJson(const MachineLimits& limits, int threads, const std::vector<Result>& results) {
-  std::printf("{\"machine\": {\"threads\": %d, \"llc_bytes\": %lld, "
+  const CpuInfo& cpu = ThisCpuInfo();
+  std::printf("{\"machine\": {\"cpu\": {\"model_name\": \"%s\", \"vendor\": \"%s\", "
+              "\"family\": %d, \"model\": %d, \"features\": \"%s\"}, ",
+              cpu.model_name.c_str(), cpu.vendor.c_str(), cpu.family, cpu.model,
+              cpu.features.c_str());
+  std::printf("\"threads\": %d, \"llc_bytes\": %lld, "
               "\"read_gbs_1_thread\": %.2f, \"read_gbs_all_threads\": %.2f, "
               "\"fma_f32_gflops_1_thread\": %.1f, \"fma_f32_gflops_all_threads\": %.1f, "
               "\"bf16_dot_gflops_1_thread\": %.1f, \"bf16_dot_gflops_all_threads\": %.1f, "
@@ -680,7 +687,7 @@ void AddBenchCommand(CLI::App& app) {
                   "Also time each workload with every page index 0 (K/V in the caches): "
                   "the kernel without memory");
   bench->add_option("--only", args->only,
-                    "Workloads to run: decode, decode-fp8, decode-f16, decode-long, prefill, "
+                    "Workloads to run: decode, decode-fp8, decode-f16, decode-long, verify, prefill, "
                     "mixed, layers");
   bench->add_option("--threads", args->threads,
                     "Threads for the all-threads runs (0: RPA_NUM_THREADS or all cores)")

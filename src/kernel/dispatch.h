@@ -2,30 +2,35 @@
 // call from (K/V dtype, rows per kv head, the options that matter, CPU
 // features), and recorded in the plan.
 //
-// The table (x86-64; other CPUs have only the Highway rows):
+// The table (x86-64; other CPUs have only the Highway rows). "fast dot":
+// vdpbf16ps issues as often as the f32 FMA (CpuFeatures::fast_bf16_dot,
+// AMD's AVX-512 BF16), and the call has bf16 q:
 //
-//   K/V dtype          rows/kv head  AVX-512 BW + FP16     AVX-512 BW only     neither
-//   bf16, f16          <= 8          avx512_wide_decode    avx512_wide_decode  highway_rows
-//                                    > avx512_wide         > avx512_wide
-//   bf16, f16          9-31          avx512_wide           avx512_wide         highway_rows
-//   e4m3fn, e5m2       <= 8          avx512fp16_decode     avx512_wide_decode  highway_rows
-//                                    > avx512_wide_decode  > avx512_wide
-//                                    > avx512_wide
-//   e4m3fn, e5m2       9-31          avx512_wide           avx512_wide         highway_rows
-//   any                >= 32         highway_packed        highway_packed      highway_packed
-//   f32, int8          <= 31         highway_rows          highway_rows        highway_rows
+//   K/V dtype      rows/kv head  fast dot             AVX-512 BW + FP16    AVX-512 BW only     neither
+//   bf16           <= 8          avx512_bf16_decode   avx512_wide_decode   avx512_wide_decode  highway_rows
+//                                > avx512_bf16_rows   > avx512_wide        > avx512_wide
+//   bf16           9-31          avx512_bf16_rows     avx512_wide          avx512_wide         highway_rows
+//   e4m3fn, e5m2   <= 8          avx512_bf16_decode   avx512fp16_decode    avx512_wide_decode  highway_rows
+//                                > avx512_bf16_rows   > avx512_wide_decode > avx512_wide
+//                                                     > avx512_wide
+//   e4m3fn, e5m2   9-31          avx512_bf16_rows     avx512_wide          avx512_wide         highway_rows
+//   f16            <= 31         (as AVX-512 BW)      avx512_wide(_decode) avx512_wide(_decode) highway_rows
+//   bf16/fp8/int8  >= 32         avx512_bf16_packed   highway_packed       highway_packed      highway_packed
+//   f32, f16       >= 32         highway_packed       highway_packed       highway_packed      highway_packed
+//   f32, int8      <= 31         highway_rows         highway_rows         highway_rows        highway_rows
 //
-// With bf16 q and bf16/fp8/int8 K/V, the prefill row is avx512_bf16_packed
-// where vdpbf16ps runs at the FMA's issue rate (CpuFeatures::fast_bf16_dot),
-// and with AMX (CpuFeatures::amx_bf16) opted in
-// by RPA_AMX=1, the prefill row is amx_prefill (not yet measured on AMX
-// hardware: tested on its scalar tile model, ScopedAmxEmulation).
+// Without bf16 q (f32, f16 q) the fast-dot column is the AVX-512 one (the
+// bf16 kernels take their operands exactly in bf16). With AMX
+// (CpuFeatures::amx_bf16) opted in by RPA_AMX=1, bf16 q and bf16/fp8/int8
+// K/V, the prefill row is amx_prefill (not yet measured on AMX hardware:
+// tested on its scalar tile model, ScopedAmxEmulation).
 //
-// "a > b" is a fused tile a, falling back to b on a tile it declines. The
-// fused tiles run only without a soft cap, on tiles every row sees whole.
-// Why: docs/kernel.md, Dispatch (the widening path beats vdpbf16ps end to
-// end on the CPUs measured; packing a tile to f32 once pays from 32 rows
-// on; the f16 tile is the cheapest 8-bit decode).
+// "a > b" is a fused tile a, falling back to b on a tile it declines (or on
+// a group of fewer rows than a's min_rows). The fused tiles run only without
+// a soft cap, on tiles every row sees whole. Why: docs/kernel.md, Dispatch
+// (vdpbf16ps pairs where they issue at the FMA's rate; the widening path
+// where they issue at half of it; packing a tile once pays from 32 rows
+// on; the f16 tile is the cheapest 8-bit decode where AVX512-FP16 exists).
 #ifndef RPA_SRC_KERNEL_DISPATCH_H_
 #define RPA_SRC_KERNEL_DISPATCH_H_
 
