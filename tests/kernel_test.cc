@@ -24,6 +24,7 @@
 #include "kernel/avx512_wide.h"
 #include "kernel/cpu_features.h"
 #include "kernel/kernel.h"
+#include "kernel/kernel_records.h"
 #include "plan.h"
 #include "reference_impl.h"
 #include "rpa/dtype.h"
@@ -898,6 +899,59 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   EXPECT_EQ(report(DType::kF8E4M3FN, decode, false),
             "decode: avx512fp16_decode > avx512_wide_decode > avx512_wide");
   EXPECT_EQ(report(DType::kF8E5M2, decode, true), "decode: avx512_wide");
+}
+
+// Every kernel record is reachable: on this CPU (AMX through its tile
+// model), some call of its dtypes and classes under some feature mask
+// dispatches it, under its own name; a record whose CPU needs this machine
+// lacks is counted and skipped. The masks: all features, a slow vdpbf16ps
+// (the Intel machines), AVX-512 BW + FP16, AVX-512 BW only, none.
+TEST(KernelDispatchTest, EveryRecordIsReachable) {
+  const std::vector<CpuFeatures> masks = {
+      kAllCpuFeatures, SlowBf16Dot(), CpuFeatures{.avx512bw = true, .avx512fp16 = true},
+      CpuFeatures{.avx512bw = true}, kNoCpuFeatures};
+  const DType q_dtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+  const DType kv_dtypes[] = {DType::kF32,      DType::kBF16,   DType::kF16,
+                             DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8};
+  int reached = 0, unreachable_here = 0;
+  for (const KernelRecord& record : KernelRecords()) {
+    ASSERT_TRUE((record.products != nullptr) != (record.fused != nullptr)) << record.name;
+    bool found = false, cpu_ever = false;
+    for (int m = 0; m < 2 * static_cast<int>(masks.size()); ++m) {
+      std::optional<ScopedAmxEmulation> emulate;  // Each mask without, then with, the tile model.
+      if (m % 2 == 1 && DetectedCpuFeatures().avx512bf16) emulate.emplace();
+      ScopedCpuFeatureMask scoped(masks[m / 2]);
+      const CpuFeatures cpu = UsableCpuFeatures();
+      cpu_ever = cpu_ever || record.needs.cpu == nullptr || record.needs.cpu(cpu);
+      for (DType q : q_dtypes) {
+        for (DType kv : kv_dtypes) {
+          for (int c = 0; c < kNumTaskClasses && !found; ++c) {
+            AttentionProblem problem;
+            problem.q_dtype = q;
+            problem.kv_dtype = kv;
+            const KernelChoice choice = ChooseKernels(problem, cpu);
+            const TaskKernels& chosen = choice.For(static_cast<TaskClass>(c));
+            const std::string described = chosen.Describe();
+            found = record.products != nullptr
+                        ? chosen.products == record.products()
+                        : chosen.fused[0] == record.fused || chosen.fused[1] == record.fused;
+            if (found) {
+              EXPECT_NE(described.find(record.name), std::string::npos) << described;
+              EXPECT_TRUE(Meets(record, problem, static_cast<TaskClass>(c), cpu)) << record.name;
+            }
+          }
+        }
+      }
+    }
+    if (!cpu_ever) {
+      ++unreachable_here;  // E.g. AVX512-FP16 on an AMD CPU: its test runs where it exists.
+      continue;
+    }
+    EXPECT_TRUE(found) << record.name << " (" << record.file << ") is never dispatched";
+    reached += found ? 1 : 0;
+  }
+  EXPECT_GE(reached, 2);  // highway_rows and highway_packed, on every CPU.
+  RecordProperty("records_unreachable_on_this_cpu", unreachable_here);
 }
 
 // The public description names the features, AMX's status and each class's

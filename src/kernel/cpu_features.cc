@@ -1,5 +1,6 @@
 #include "kernel/cpu_features.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -74,6 +75,8 @@ CpuFeatures Detect(std::string* amx_reason) {
   const std::string amx = AmxFailure(f.avx512bf16);
   f.amx_bf16 = amx.empty();
   *amx_reason = f.amx_bf16 ? "AMX bf16 tiles usable" : amx;
+  const char* opt_in = std::getenv("RPA_AMX");
+  f.amx_opted_in = f.amx_bf16 && opt_in != nullptr && std::strcmp(opt_in, "1") == 0;
   return f;
 }
 #else
@@ -179,6 +182,7 @@ CpuFeatures UsableCpuFeatures() {
   f.fast_bf16_dot = f.fast_bf16_dot && f.avx512bf16;
   f.amx_bf16 = f.amx_bf16 && f.avx512bf16;
   f.amx_emulated = f.amx_emulated && f.amx_bf16;
+  f.amx_opted_in = f.amx_opted_in && f.amx_bf16;
   return f;
 }
 

@@ -31,12 +31,16 @@ struct CpuFeatures {
   // Tests only: the AMX kernel's scalar tile model stands in for the tiles
   // (ScopedAmxEmulation), so its whole path runs where AMX is absent.
   bool amx_emulated = false;
+  // RPA_AMX=1 in the environment: the AMX kernels are dispatched only when
+  // asked for until they are measured on AMX hardware.
+  bool amx_opted_in = false;
 
   // The features both masks have.
   CpuFeatures operator&(const CpuFeatures& o) const {
-    return {avx512bw && o.avx512bw,       avx512fp16 && o.avx512fp16,
-            avx512bf16 && o.avx512bf16,   fast_bf16_dot && o.fast_bf16_dot,
-            amx_bf16 && o.amx_bf16,       amx_emulated && o.amx_emulated};
+    return {avx512bw && o.avx512bw,         avx512fp16 && o.avx512fp16,
+            avx512bf16 && o.avx512bf16,     fast_bf16_dot && o.fast_bf16_dot,
+            amx_bf16 && o.amx_bf16,         amx_emulated && o.amx_emulated,
+            amx_opted_in && o.amx_opted_in};
   }
   // E.g. "avx512bw avx512fp16 avx512bf16", or "none".
   std::string ToString() const;
@@ -88,7 +92,7 @@ class ScopedAmxEmulation {
 // A mask that hides every feature: the portable Highway paths only.
 inline constexpr CpuFeatures kNoCpuFeatures{};
 // A mask that hides nothing.
-inline constexpr CpuFeatures kAllCpuFeatures{true, true, true, true, true, true};
+inline constexpr CpuFeatures kAllCpuFeatures{true, true, true, true, true, true, true};
 
 }  // namespace rpa::internal
 

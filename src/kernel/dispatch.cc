@@ -1,18 +1,8 @@
 #include "kernel/dispatch.h"
 
-#include <cstdlib>
-#include <cstring>
 
-#include "kernel/kernel.h"
+#include "kernel/kernel_records.h"
 #include "rpa/kernels.h"
-
-#if defined(__x86_64__)
-#include "kernel/amx_prefill.h"
-#include "kernel/avx512_bf16_packed.h"
-#include "kernel/avx512_bf16_rows.h"
-#include "kernel/avx512_fp16_decode.h"
-#include "kernel/avx512_wide.h"
-#endif
 
 namespace rpa::internal {
 
@@ -33,57 +23,29 @@ std::string TaskKernels::Describe() const {
   return s + (products != nullptr ? products->name : "none");
 }
 
-bool AmxOptedIn() {
-  static const bool opted_in = [] {
-    const char* v = std::getenv("RPA_AMX");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return opted_in;
-}
-
 KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& cpu) {
-  const HighwayKernels highway = HighwayKernelsForCpu();
   KernelChoice choice;
-  for (TaskKernels& k : choice.classes) k.products = highway.rows;
-  choice.classes[static_cast<int>(TaskClass::kPrefill)].products = highway.packed;
-#if defined(__x86_64__)
-  const DType kv = problem.kv_dtype;
-  const bool fp8 = kv == DType::kF8E4M3FN || kv == DType::kF8E5M2;
-  if (cpu.avx512bw && (kv == DType::kBF16 || kv == DType::kF16 || fp8)) {
-    TaskKernels& decode = choice.classes[static_cast<int>(TaskClass::kDecode)];
-    decode.products = &kAvx512Wide;
-    choice.classes[static_cast<int>(TaskClass::kMiddle)].products = &kAvx512Wide;
-    // The fused tiles keep no soft cap (their exp has no tanh before it).
-    if (problem.soft_cap == 0.0f) {
-      int i = 0;
-      if (fp8 && cpu.avx512fp16) decode.fused[i++] = &kAvx512Fp16Decode;
-      decode.fused[i] = &kAvx512WideDecode;
+  for (int c = 0; c < kNumTaskClasses; ++c) {
+    const TaskClass task_class = static_cast<TaskClass>(c);
+    TaskKernels& k = choice.classes[c];
+    for (const KernelRecord& r : KernelRecords()) {
+      if (r.products != nullptr && Meets(r, problem, task_class, cpu)) {
+        k.products = r.products();
+        break;
+      }
+    }
+    // Fused tiles share the products' accumulators and scales: only those
+    // that keep the same dimension order and e4m3fn unit join the chain.
+    int fused = 0;
+    for (const KernelRecord& r : KernelRecords()) {
+      if (r.fused == nullptr || fused == 2 || !Meets(r, problem, task_class, cpu)) continue;
+      if (r.fused->acc_order != k.products->acc_order ||
+          r.fused->e4m3_scaled != k.products->e4m3_scaled) {
+        continue;
+      }
+      k.fused[fused++] = r.fused;
     }
   }
-  // The bf16 products take bf16 exactly: bf16 q, and K/V whose every value
-  // is a bf16.
-  const bool bf16_exact = problem.q_dtype == DType::kBF16 && (kv == DType::kBF16 || fp8 ||
-                                                              kv == DType::kI8);
-  if (cpu.fast_bf16_dot && bf16_exact) {
-    choice.classes[static_cast<int>(TaskClass::kPrefill)].products = &kAvx512Bf16Packed;
-  }
-  // Decode and the middle class by bf16 pairs straight from the cache's
-  // rows, where vdpbf16ps runs at full rate: bf16 q over bf16 or fp8 K/V.
-  if (cpu.fast_bf16_dot && problem.q_dtype == DType::kBF16 && (kv == DType::kBF16 || fp8)) {
-    TaskKernels& decode = choice.classes[static_cast<int>(TaskClass::kDecode)];
-    decode = TaskKernels{};
-    decode.products = &kAvx512Bf16Rows;
-    if (problem.soft_cap == 0.0f) decode.fused[0] = &kAvx512Bf16Decode;
-    choice.classes[static_cast<int>(TaskClass::kMiddle)].products = &kAvx512Bf16Rows;
-  }
-  if (cpu.amx_bf16 && bf16_exact && (cpu.amx_emulated || AmxOptedIn())) {
-    choice.classes[static_cast<int>(TaskClass::kPrefill)].products =
-        cpu.amx_emulated ? &kAmxPrefillEmulated : &kAmxPrefill;
-  }
-#else
-  (void)problem;
-  (void)cpu;
-#endif
   return choice;
 }
 
@@ -96,7 +58,7 @@ std::string DescribeDispatch(DType kv_dtype) {
   problem.soft_cap = 30.0f;
   const KernelChoice capped = ChooseKernels(problem, cpu);
   std::string s = "cpu features: " + cpu.ToString() + "; amx: " + AmxDetection() +
-                  (cpu.amx_bf16 && !cpu.amx_emulated && !AmxOptedIn()
+                  (cpu.amx_bf16 && !cpu.amx_emulated && !cpu.amx_opted_in
                        ? " (not dispatched: set RPA_AMX=1, not yet measured on AMX hardware)"
                        : "") +
                   "\n";

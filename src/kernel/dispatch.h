@@ -58,11 +58,9 @@ struct KernelChoice {
   const TaskKernels& For(TaskClass c) const { return classes[static_cast<int>(c)]; }
 };
 
-// Whether RPA_AMX=1: AMX kernels are dispatched only when asked for until
-// they are measured on AMX hardware.
-bool AmxOptedIn();
-
-// The choice for this problem on a CPU with these features.
+// The choice for this problem on a CPU with these features: for each class
+// of task, the first of KernelRecords' products whose needs are met, and
+// the fused tiles that agree with them (kernel_records.h).
 KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& cpu);
 
 // The dispatch table's rows for K/V of kv_dtype (without and with a soft

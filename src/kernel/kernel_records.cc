@@ -1,0 +1,96 @@
+#include "kernel/kernel_records.h"
+
+#include "kernel/kernel.h"
+#include "problem.h"
+
+#if defined(__x86_64__)
+#include "kernel/amx_prefill.h"
+#include "kernel/avx512_bf16_packed.h"
+#include "kernel/avx512_bf16_rows.h"
+#include "kernel/avx512_fp16_decode.h"
+#include "kernel/avx512_wide.h"
+#endif
+
+namespace rpa::internal {
+namespace {
+
+using enum TaskClass;
+
+// The dtypes whose every value is a bf16: what the bf16 kernels take exactly.
+constexpr uint32_t kBf16Q = DTypeBits({DType::kBF16});
+constexpr uint32_t kBf16ExactKv =
+    DTypeBits({DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8});
+constexpr uint32_t kBf16OrFp8 = DTypeBits({DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2});
+constexpr uint32_t kFp8 = DTypeBits({DType::kF8E4M3FN, DType::kF8E5M2});
+constexpr uint32_t kWideKv =
+    DTypeBits({DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2});
+constexpr uint8_t kRowClasses = ClassBits({kDecode, kMiddle});
+constexpr uint8_t kPrefillClass = ClassBits({kPrefill});
+constexpr uint8_t kDecodeClass = ClassBits({kDecode});
+
+#if defined(__x86_64__)
+template <const ProductKernel* kKernel>
+const ProductKernel* Static() {
+  return kKernel;
+}
+#endif
+const ProductKernel* HighwayRows() { return HighwayKernelsForCpu().rows; }
+const ProductKernel* HighwayPacked() { return HighwayKernelsForCpu().packed; }
+
+// Why this order: docs/kernel.md, Dispatch.
+constexpr KernelRecord kRecords[] = {
+#if defined(__x86_64__)
+    // ---- Products.
+    {"amx_prefill", "amx_prefill.cc",
+     {kBf16Q, kBf16ExactKv, kPrefillClass, true,
+      [](const CpuFeatures& f) { return f.amx_bf16 && !f.amx_emulated && f.amx_opted_in; }},
+     Static<&kAmxPrefill>, nullptr, /*measured=*/false},
+    {"amx_prefill (emulated)", "amx_prefill.cc",
+     {kBf16Q, kBf16ExactKv, kPrefillClass, true,
+      [](const CpuFeatures& f) { return f.amx_emulated; }},
+     Static<&kAmxPrefillEmulated>, nullptr, /*measured=*/false},
+    {"avx512_bf16_packed", "avx512_bf16_packed.cc",
+     {kBf16Q, kBf16ExactKv, kPrefillClass, true,
+      [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
+     Static<&kAvx512Bf16Packed>},
+    {"avx512_bf16_rows", "avx512_bf16_rows.cc",
+     {kBf16Q, kBf16OrFp8, kRowClasses, true,
+      [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
+     Static<&kAvx512Bf16Rows>},
+    {"avx512_wide", "avx512_wide.cc",
+     {kAnyDType, kWideKv, kRowClasses, true, [](const CpuFeatures& f) { return f.avx512bw; }},
+     Static<&kAvx512Wide>},
+#endif
+    {"highway_packed", "highway_packed-inl.h", {kAnyDType, kAnyDType, kPrefillClass, true},
+     HighwayPacked},
+    {"highway_rows", "highway_rows-inl.h", {kAnyDType, kAnyDType, kRowClasses, true},
+     HighwayRows},
+#if defined(__x86_64__)
+    // ---- Fused decode tiles (no soft cap: their exp has no tanh before it).
+    {"avx512_bf16_decode", "avx512_bf16_rows.cc",
+     {kBf16Q, kBf16OrFp8, kDecodeClass, false,
+      [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
+     nullptr, &kAvx512Bf16Decode},
+    {"avx512fp16_decode", "avx512_fp16_decode.cc",
+     {kAnyDType, kFp8, kDecodeClass, false, [](const CpuFeatures& f) { return f.avx512fp16; }},
+     nullptr, &kAvx512Fp16Decode},
+    {"avx512_wide_decode", "avx512_wide.cc",
+     {kAnyDType, kWideKv, kDecodeClass, false, [](const CpuFeatures& f) { return f.avx512bw; }},
+     nullptr, &kAvx512WideDecode},
+#endif
+};
+
+}  // namespace
+
+std::span<const KernelRecord> KernelRecords() { return kRecords; }
+
+bool Meets(const KernelRecord& record, const AttentionProblem& problem, TaskClass c,
+           const CpuFeatures& cpu) {
+  const KernelNeeds& n = record.needs;
+  auto has = [](uint32_t bits, DType d) { return ((bits >> static_cast<int>(d)) & 1u) != 0; };
+  return has(n.q_dtypes, problem.q_dtype) && has(n.kv_dtypes, problem.kv_dtype) &&
+         ((n.classes >> static_cast<int>(c)) & 1u) != 0 &&
+         (n.soft_cap || problem.soft_cap == 0.0f) && (n.cpu == nullptr || n.cpu(cpu));
+}
+
+}  // namespace rpa::internal
