@@ -6,7 +6,8 @@ set -euo pipefail
 packages=(
   cmake make g++ pkg-config
   libhwy-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libcli11-dev nlohmann-json3-dev
+  libcairo2-dev fonts-dejavu-core  # `rpa demo --plot`: Cairo draws and writes the PNG
   libdnnl-dev  # oneDNN: only `rpa bench`'s peer (testing/onednn_peer.h), never the library
   clang libclang-rt-14-dev
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-torch

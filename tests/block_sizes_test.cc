@@ -73,8 +73,11 @@ TEST_F(BlockSizeChoiceTest, ZeroPagesPerSeqStillGivesOnePage) {
 TEST_F(BlockSizeChoiceTest, VmemLimitShrinksTheChoice) {
   const BlockSizeChoice free = ChooseBlockSizes(Llama(16, 256));
   const BlockSizeChoice tight = ChooseBlockSizes(Llama(16, 256), 16 * 1024);
-  EXPECT_LE(tight.sizes.num_kv_pages_per_block * tight.sizes.num_queries_per_block,
+  // Strictly smaller tiles, neither dimension grown: the limit took effect.
+  EXPECT_LT(tight.sizes.num_kv_pages_per_block * tight.sizes.num_queries_per_block,
             free.sizes.num_kv_pages_per_block * free.sizes.num_queries_per_block);
+  EXPECT_LE(tight.sizes.num_kv_pages_per_block, free.sizes.num_kv_pages_per_block);
+  EXPECT_LE(tight.sizes.num_queries_per_block, free.sizes.num_queries_per_block);
   EXPECT_NE(tight.explanation.find("vmem_limit_bytes=16384"), std::string::npos) << tight.explanation;
 }
 
@@ -113,6 +116,7 @@ TEST_F(BlockSizeChoiceTest, TableOfAnotherCpuIsUsedAndSaysSo) {
 }
 
 TEST_F(BlockSizeChoiceTest, UnparsableOrMissingTableIsIgnoredWithAWarningNamingIt) {
+  const BlockSizeChoice without = ChooseBlockSizes(Llama(16, 256));
   const std::string bad = WriteFile("bad.json", "{\"format\": \"rpa-tuned-block-sizes\", \"version\": 1, \"entries\": [{]");
   ::testing::internal::CaptureStderr();
   EXPECT_FALSE(LoadTunedBlockSizes(bad));
@@ -120,7 +124,12 @@ TEST_F(BlockSizeChoiceTest, UnparsableOrMissingTableIsIgnoredWithAWarningNamingI
   const std::string warnings = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(warnings.find("bad.json"), std::string::npos) << warnings;
   EXPECT_NE(warnings.find("does-not-exist.json"), std::string::npos) << warnings;
-  EXPECT_NE(ChooseBlockSizes(Llama(16, 256)).explanation.find("bad.json"), 0u);
+  // Ignored: the choice is the one made with no user table, and cites neither file.
+  const BlockSizeChoice after = ChooseBlockSizes(Llama(16, 256));
+  EXPECT_EQ(after.sizes, without.sizes);
+  EXPECT_EQ(after.source, without.source);
+  EXPECT_EQ(after.explanation, without.explanation);
+  EXPECT_EQ(after.explanation.find("bad.json"), std::string::npos) << after.explanation;
 }
 
 TEST_F(BlockSizeChoiceTest, WrongFormatOrVersionIsRejected) {

@@ -1,9 +1,9 @@
 // `rpa demo`'s serving loop, piece by piece (tools/demo/): the page free
 // list, the request stream, the scheduler's invariants over a whole run, the
-// sampled reference check (it must catch a wrong output), the PNG encoder
-// (decoded back with zlib) and a small loop end to end.
+// sampled reference check (it must catch a wrong output), the plot (its
+// panels' colours where they belong, the PNG read back by Cairo) and a small
+// loop end to end.
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "demo/page_allocator.h"
-#include "demo/png_writer.h"
 #include "demo/request_stream.h"
 #include "demo/sampled_check.h"
 #include "demo/scheduler.h"
@@ -156,60 +155,67 @@ TEST(DemoSampledCheckTest, PassesTheKernelAndCatchesAWrongRow) {
                   .Passed());
 }
 
-uint32_t U32(const std::vector<uint8_t>& b, size_t at) {
-  return uint32_t{b[at]} << 24 | uint32_t{b[at + 1]} << 16 | uint32_t{b[at + 2]} << 8 | b[at + 3];
+// Pixels of exactly `c` (0xRRGGBB) in rows [top, bottom) of an RGB24 image:
+// the insides of filled shapes, which antialiasing leaves unblended.
+int CountColor(cairo_surface_t* image, uint32_t c, int top, int bottom) {
+  const unsigned char* data = cairo_image_surface_get_data(image);
+  const int stride = cairo_image_surface_get_stride(image);
+  int n = 0;
+  for (int y = top; y < bottom; ++y) {
+    const auto* row = reinterpret_cast<const uint32_t*>(data + y * stride);
+    for (int x = 0; x < cairo_image_surface_get_width(image); ++x) n += (row[x] & 0xFFFFFF) == c;
+  }
+  return n;
 }
 
-TEST(DemoPngTest, DecodesBackWithZlib) {
-  const int w = 3, h = 2;
-  std::vector<uint8_t> rgb(w * h * 3);
-  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>(i * 13);
-  const std::vector<uint8_t> png = EncodePng(w, h, rgb);
-  ASSERT_GT(png.size(), 8u);
-  EXPECT_EQ(std::memcmp(png.data(), "\x89PNG\r\n\x1a\n", 8), 0);
-  std::vector<std::string> types;
-  std::vector<uint8_t> idat;
-  for (size_t at = 8; at + 12 <= png.size();) {
-    const uint32_t length = U32(png, at);
-    const std::string type(png.begin() + at + 4, png.begin() + at + 8);
-    types.push_back(type);
-    const uLong crc = crc32(0L, png.data() + at + 4, 4 + length);
-    EXPECT_EQ(U32(png, at + 8 + length), static_cast<uint32_t>(crc)) << type;
-    if (type == "IHDR") {
-      EXPECT_EQ(U32(png, at + 8), 3u);
-      EXPECT_EQ(U32(png, at + 12), 2u);
-      EXPECT_EQ(png[at + 16], 8);  // Bit depth.
-      EXPECT_EQ(png[at + 17], 2);  // RGB.
-    }
-    if (type == "IDAT") idat.assign(png.begin() + at + 8, png.begin() + at + 8 + length);
-    at += 12 + length;
+constexpr uint32_t kPrefillRgb = 0x3465A4, kDecodeRgb = 0xF57900, kCheckedRgb = 0x00963C;
+
+TEST(DemoPlotTest, DrawsEachSeriesInItsPanel) {
+  const std::vector<StepPoint> steps = {
+      {45, 500, 0, true}, {8, 0, 20, false}, {30, 200, 18, true}};
+  const Surface image = DrawStepPlot(steps, "test");
+  ASSERT_EQ(cairo_surface_status(image.get()), CAIRO_STATUS_SUCCESS);
+  EXPECT_EQ(cairo_image_surface_get_width(image.get()), kPlotWidth);
+  EXPECT_EQ(cairo_image_surface_get_height(image.get()), kPlotHeight);
+  // The time panel (0-50 ms): two checked-step marks (discs of radius 4.5,
+  // ~50 solid pixels each, inside the panel), and no bars.
+  EXPECT_GT(CountColor(image.get(), kCheckedRgb, kTimePanelTop, kTimePanelBottom), 2 * 40);
+  EXPECT_EQ(CountColor(image.get(), kPrefillRgb, kTimePanelTop, kTimePanelBottom), 0);
+  // The tokens panel: both kinds of bars, prefill taller than decode (500 +
+  // 200 tokens against 38 on a 600-token axis); no marks.
+  const int prefill = CountColor(image.get(), kPrefillRgb, kTokensPanelTop, kTokensPanelBottom);
+  const int decode = CountColor(image.get(), kDecodeRgb, kTokensPanelTop, kTokensPanelBottom);
+  EXPECT_GT(decode, 100);
+  EXPECT_GT(prefill, 10 * decode);
+  EXPECT_EQ(CountColor(image.get(), kCheckedRgb, kTokensPanelTop, kTokensPanelBottom), 0);
+  // The legend's three swatches under the panels.
+  for (const uint32_t c : {kPrefillRgb, kDecodeRgb, kCheckedRgb}) {
+    EXPECT_EQ(CountColor(image.get(), c, kTokensPanelBottom + 40, kPlotHeight), 14 * 14) << c;
   }
-  EXPECT_EQ(types, (std::vector<std::string>{"IHDR", "IDAT", "IEND"}));
-  std::vector<uint8_t> raw((w * 3 + 1) * h);
-  uLongf raw_size = raw.size();
-  ASSERT_EQ(uncompress(raw.data(), &raw_size, idat.data(), idat.size()), Z_OK);
-  ASSERT_EQ(raw_size, raw.size());
-  for (int y = 0; y < h; ++y) {
-    EXPECT_EQ(raw[y * (w * 3 + 1)], 0);  // Filter: none.
-    EXPECT_TRUE(std::equal(rgb.begin() + y * w * 3, rgb.begin() + (y + 1) * w * 3,
-                           raw.begin() + y * (w * 3 + 1) + 1));
-  }
-  EXPECT_THROW(EncodePng(3, 2, std::vector<uint8_t>(5)), std::invalid_argument);
+  // Text is drawn (antialiased: shades between ink and white) in the title row.
+  int shades = 0;
+  for (uint32_t v = 0x303030; v < 0xF0F0F0; v += 0x010101) shades += CountColor(image.get(), v, 0, 40);
+  EXPECT_GT(shades, 20);
 }
 
-TEST(DemoPlotTest, DrawsBothPanels) {
-  std::vector<StepPoint> steps = {{50, 500, 0, true}, {8, 0, 20, false}, {30, 200, 18, true}};
-  const Canvas c = DrawStepPlot(steps, "test");
-  auto count = [&](uint8_t r, uint8_t g, uint8_t b) {
-    int n = 0;
-    for (size_t i = 0; i < c.rgb().size(); i += 3) {
-      n += c.rgb()[i] == r && c.rgb()[i + 1] == g && c.rgb()[i + 2] == b;
-    }
-    return n;
-  };
-  EXPECT_GT(count(52, 101, 164), 100);  // Prefill bars (and the legend).
-  EXPECT_GT(count(245, 121, 0), 100);   // Decode bars.
-  EXPECT_GT(count(0, 150, 60), 2 * 49);  // Two checked-step marks and the legend.
+TEST(DemoPlotTest, WritesAPngThatReadsBackAndNamesAPathItCannotWrite) {
+  const Surface image = DrawStepPlot({{10, 100, 4, true}, {5, 0, 5, false}}, "png");
+  const std::string path = ::testing::TempDir() + "rpa_demo_plot.png";
+  WritePng(image.get(), path);
+  const Surface back(cairo_image_surface_create_from_png(path.c_str()));
+  ASSERT_EQ(cairo_surface_status(back.get()), CAIRO_STATUS_SUCCESS);
+  EXPECT_EQ(cairo_image_surface_get_width(back.get()), kPlotWidth);
+  EXPECT_EQ(cairo_image_surface_get_height(back.get()), kPlotHeight);
+  for (const uint32_t c : {kPrefillRgb, kDecodeRgb, kCheckedRgb}) {
+    EXPECT_EQ(CountColor(back.get(), c, 0, kPlotHeight), CountColor(image.get(), c, 0, kPlotHeight));
+  }
+  const std::string bad = ::testing::TempDir() + "no-such-dir/plot.png";
+  try {
+    WritePng(image.get(), bad);
+    ADD_FAILURE() << "wrote " << bad;
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+  }
 }
 
 // A small loop end to end: every request finishes, every check passes.

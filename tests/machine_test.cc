@@ -65,8 +65,43 @@ TEST(MachineLimitsTest, TheF16PeakCountsForDtypesExactInF16) {
   // bf16 is not (its range is wider), nor f32: the best of the rest.
   EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kBF16, true), 200.0);
   EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kF32, false), 100.0);
-  const MachineLimits higher = HigherLimits(m, Limits(10.0, 20.0, 100.0, 200.0, 50.0, 100.0));
+  // HigherLimits starts from its first argument: the higher f16 figures come
+  // from the second one here, so only taking the maximum passes.
+  const MachineLimits higher = HigherLimits(Limits(10.0, 20.0, 100.0, 200.0, 50.0, 100.0), m);
+  EXPECT_EQ(higher.fma_f16_gflops[0], 200.0);
   EXPECT_EQ(higher.fma_f16_gflops[1], 1000.0);
+}
+
+TEST(MachineLimitsTest, TheAmxPeakCountsForDtypesExactInBf16) {
+  MachineLimits m = Limits(10.0, 20.0, 100.0, 200.0, 50.0, 400.0);
+  m.fma_f16_gflops[0] = 150.0;
+  m.fma_f16_gflops[1] = 300.0;
+  m.amx_bf16_gflops[0] = 900.0;
+  m.amx_bf16_gflops[1] = 1800.0;
+  // bf16, the 8-bit floats and int8 are exact in bf16: AMX's peak.
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kBF16, true), 1800.0);
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kBF16, false), 900.0);
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kF8E4M3FN, true), 1800.0);
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kF8E5M2, false), 900.0);
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kI8, true), 1800.0);
+  // f16 and f32 are not: the f16 FMA and the f32 FMA peaks.
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kF16, true), 300.0);
+  EXPECT_DOUBLE_EQ(m.PeakGflops(DType::kF32, true), 200.0);
+  // 1e12 FLOPs of bf16 K/V at 1800 GFLOP/s beat 1e9 bytes at 20 GB/s.
+  EXPECT_DOUBLE_EQ(m.RooflineSeconds(1e12, 1e9, DType::kBF16, true), 1e12 / 1800e9);
+}
+
+TEST(MachineLimitsTest, HigherLimitsTakesTheAmxMaximumPerThreadCount) {
+  MachineLimits a = Limits(10.0, 20.0, 100.0, 200.0, 50.0, 100.0);
+  MachineLimits b = a;
+  a.amx_bf16_gflops[0] = 900.0;  // One thread: a is higher.
+  a.amx_bf16_gflops[1] = 1000.0;
+  b.amx_bf16_gflops[0] = 800.0;  // All threads: b is higher.
+  b.amx_bf16_gflops[1] = 1700.0;
+  for (const MachineLimits& m : {HigherLimits(a, b), HigherLimits(b, a)}) {
+    EXPECT_EQ(m.amx_bf16_gflops[0], 900.0);
+    EXPECT_EQ(m.amx_bf16_gflops[1], 1700.0);
+  }
 }
 
 }  // namespace

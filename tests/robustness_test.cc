@@ -6,6 +6,7 @@
 // after docs/robustness.md's F-numbers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -95,6 +96,14 @@ SyntheticBatch DecodeBatch() { return SmallBatch({{1, 5}, {1, 9}, {1, 1}}); }
 // docs/contract.md §1's bound for the batch's K/V dtype.
 double SpecTolerance(const SyntheticBatch& b) { return testing::KvTolerance(b.spec.kv_dtype); }
 
+// An output of q's shape filled with NaN (0xFF bytes are NaN in f32, bf16 and
+// f16), fresh for each call compared with the reference: an element the call
+// leaves unwritten compares as NaN and fails, where a buffer reused from an
+// earlier call would already hold the right answer.
+std::vector<uint8_t> NanOutput(const SyntheticBatch& b) {
+  return std::vector<uint8_t>(b.q.size(), 0xFF);
+}
+
 // Runs `fn` on a sentinel-filled output; expects rpa::Error of `kind` and
 // the output bit-identical.
 template <class Fn>
@@ -149,14 +158,16 @@ TEST(RobustnessTest, PageIndicesBeyondKvLenAreNeverRead) {
   for (int64_t col = 1; col < b.spec.pages_per_seq; ++col) {
     b.page_indices[2 * b.spec.pages_per_seq + col] = kInt32Min;
   }
-  std::vector<uint8_t> out = b.NewOutput(), ref = b.NewOutput();
+  std::vector<uint8_t> ref = b.NewOutput();
   RefRaggedPagedAttention(b.Q(), b.KvPages(),
                           PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
                           b.OutView(ref));
   for (const Call& call : RaggedCalls()) {
+    std::vector<uint8_t> out = NanOutput(b);
     call.run(b, {}, b.OutView(out));
     EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b)) << call.name;
   }
+  std::vector<uint8_t> out = NanOutput(b);
   RunPaged(b, {}, b.OutView(out));
   EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b)) << "paged";
 }
@@ -253,8 +264,8 @@ TEST(RobustnessTest, HugeTileOptionsAreRejectedOrHarmless) {
       o.num_queries_per_block = q_block;
       o.vmem_limit_bytes = vmem;
       o.num_threads = 2;
-      std::vector<uint8_t> out = b.NewOutput();
       for (const Call& call : RaggedCalls()) {
+        std::vector<uint8_t> out = NanOutput(b);
         call.run(b, o, b.OutView(out));
         EXPECT_LE(testing::MaxAbsDifference(b, out, ref), SpecTolerance(b)) << call.name;
       }
@@ -266,13 +277,14 @@ TEST(RobustnessTest, HugeTileOptionsAreRejectedOrHarmless) {
 // itself, not by the batch: INT32_MAX on a 3-token batch asked for ~1 TB.
 TEST(RobustnessTest, F5_HugeNumQueriesPerBlockIsHarmless) {
   const SyntheticBatch b = SmallBatch({{3, 5}, {2, 7}});
-  std::vector<uint8_t> ref = b.NewOutput(), out = b.NewOutput();
+  std::vector<uint8_t> ref = b.NewOutput();
   RefRaggedPagedAttention(b.Q(), b.KvPages(),
                           PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
                           b.OutView(ref));
   for (int64_t q_block : {int64_t{kInt32Max}, std::numeric_limits<int64_t>::max()}) {
     AttentionOptions o;
     o.num_queries_per_block = q_block;
+    std::vector<uint8_t> out = NanOutput(b);
     RaggedPagedAttention(b.Q(), b.KvPages(),
                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
                          b.OutView(out));
@@ -482,13 +494,14 @@ TEST(RobustnessTest, F10_InfValueUnderAllMinusInfLogitsWithASinkIsNan) {
 // nothing) was truncated to 32 bits in the kernel and masked every key.
 TEST(RobustnessTest, F2_SlidingWindowBeyondInt32MasksNothing) {
   const SyntheticBatch b = SmallBatch({{3, 5}, {2, 7}});
-  std::vector<uint8_t> ref = b.NewOutput(), out = b.NewOutput();
+  std::vector<uint8_t> ref = b.NewOutput();
   RefRaggedPagedAttention(b.Q(), b.KvPages(),
                           PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {},
                           b.OutView(ref));
   for (int64_t w : {int64_t{1} << 32, std::numeric_limits<int64_t>::max()}) {
     AttentionOptions o;
     o.sliding_window = w;
+    std::vector<uint8_t> out = NanOutput(b);
     RaggedPagedAttention(b.Q(), b.KvPages(),
                          PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
                          b.OutView(out));
@@ -586,9 +599,12 @@ void ExpectShiftInvariant(DType dtype, size_t shift) {
   RaggedPagedAttention(qv, kvv, PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()},
                        {}, ov);
   EXPECT_EQ(0, std::memcmp(out.data() + shift, want.data(), want.size())) << "combined";
+  // Each layout writes into a sentinel-filled buffer, not the last one's result.
+  std::fill(out.begin(), out.end(), kSentinel);
   RaggedPagedAttention(qv, KVPages{c.k_nhd, c.v_nhd, KVLayout::kNHD},
                        PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {}, ov);
   EXPECT_EQ(0, std::memcmp(out.data() + shift, want.data(), want.size())) << "NHD";
+  std::fill(out.begin(), out.end(), kSentinel);
   RaggedPagedAttention(qv, KVPages{c.k_hnd, c.v_hnd, KVLayout::kHND},
                        PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, {}, ov);
   EXPECT_EQ(0, std::memcmp(out.data() + shift, want.data(), want.size())) << "HND";
@@ -754,6 +770,9 @@ TEST(ConcurrencyTest, ParallelCallersGetSingleCallResults) {
       for (int it = 0; it < kIterations; ++it) {
         const int i = (c + it) % (kThreadCounts + 1);  // Thread counts interleave.
         const CacheViews views = ViewsOf(b.KvPages());
+        // Sentinels, so a call that wrote nothing cannot pass on the last one's result.
+        std::fill(out.begin(), out.end(), kSentinel);
+        std::fill(out_paged.begin(), out_paged.end(), kSentinel);
         switch ((c + it) % 4) {
           case 0:
             RaggedPagedAttention(b.Q(), b.KvPages(),

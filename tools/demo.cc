@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,7 +23,6 @@
 #include "cpu_binding.h"
 #include "cpu_budget.h"
 #include "cpu_list.h"
-#include "demo/png_writer.h"
 #include "demo/sampled_check.h"
 #include "demo/serving_loop.h"
 #include "demo/step_plot.h"
@@ -276,7 +276,8 @@ bool PrintChecks(const LoopResult& loop, const PerCallResult& per_call, const Mo
   return loop.Passed() && per_call.check.Passed();
 }
 
-void WritePlot(const std::string& path, const LoopResult& loop, const ModelShape& shape) {
+// Returns false, having said why, when the file cannot be written.
+bool WritePlot(const std::string& path, const LoopResult& loop, const ModelShape& shape) {
   std::vector<StepPoint> points;
   for (const StepRecord& r : loop.steps) points.push_back(r.point);
   const std::string title = "rpa demo: " + std::to_string(shape.layers) + " layers, " +
@@ -284,9 +285,14 @@ void WritePlot(const std::string& path, const LoopResult& loop, const ModelShape
                             std::to_string(shape.num_kv_heads) + " heads, head_dim " +
                             std::to_string(shape.head_dim) + ", " + Name(shape.kv_dtype) +
                             " k/v";
-  const Canvas canvas = DrawStepPlot(points, title);
-  WritePng(path, canvas.width(), canvas.height(), canvas.rgb());
+  try {
+    WritePng(DrawStepPlot(points, title).get(), path);
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "rpa demo: %s\n", e.what());
+    return false;
+  }
   std::printf("plot: %s (step time and tokens per step)\n", path.c_str());
+  return true;
 }
 
 int RunDemo(const DemoArgs& args) {
@@ -326,8 +332,8 @@ int RunDemo(const DemoArgs& args) {
     PrintSpeed(loop, per_call, *limits, shape.kv_dtype);
   }
   const bool verified = PrintChecks(loop, per_call, shape, args.check_rows);
-  if (!args.plot.empty()) WritePlot(args.plot, loop, shape);
-  return verified ? 0 : 1;
+  const bool plotted = args.plot.empty() || WritePlot(args.plot, loop, shape);
+  return verified && plotted ? 0 : 1;
 }
 
 }  // namespace

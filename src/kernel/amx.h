@@ -203,11 +203,6 @@ struct AmxDecodeLogitsArgs {
 // 16)) of st get zeros, columns >= g are not written.
 void AmxDecodeLogitsT(const AmxDecodeLogitsArgs& args, AmxBackend backend = AmxBackend::kHardware);
 
-// tilerelease: returns the thread's tiles to their init state (the kernel
-// then skips saving ~8 KiB of tile data on context switches) and forgets
-// the thread's current configuration, so the next product reloads it. The
-// thread pool calls this before a worker sleeps; also call it after other
-// code on the thread (oneDNN) configured tiles. Hardware only.
 // For the kernels that multiply bf16 pairs (amx_prefill, avx512_bf16_packed;
 // AVX-512 BF16 code): the tile's K (or V) rows packed as AmxPackKeys (or
 // AmxPackValues) packs them into scratch.packed, after prefetching the next
@@ -220,6 +215,11 @@ const uint16_t* PackTileValues(const KvTile& tile, const TileScratch& scratch);
 // before its bf16, at or below it, is stored. Returns the bf16 rows.
 const uint16_t* WeightsToBf16InPlace(const TileLogits& p, int64_t n);
 
+// tilerelease: returns the thread's tiles to their init state (the kernel
+// then skips saving ~8 KiB of tile data on context switches) and forgets
+// the thread's current configuration, so the next product reloads it. The
+// thread pool calls this before a worker sleeps; also call it after other
+// code on the thread (oneDNN) configured tiles. Hardware only.
 void AmxReleaseTiles();
 
 // The machine limit of one thread: 6 independent C tiles, tdpbf16ps on full

@@ -9,8 +9,12 @@
 
 #if defined(__x86_64__)
 // GCC 12's _mm512_undefined_* are written `__m512 __Y = __Y;`, which
-// -Wuninitialized flags wherever they inline (GCC bug 105593).
+// -Wuninitialized flags wherever they inline (GCC bug 105593). The warning
+// points into immintrin.h, first included here, so ignoring it for this
+// header's text (pushed here, popped at its end) covers its includers' calls
+// without turning it off for their own code.
 #if !defined(__clang__)
+#pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
@@ -305,5 +309,8 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512i Fp8ToBf16(__m512
 
 }  // namespace rpa::internal::avx512
 
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif  // __x86_64__
 #endif  // RPA_SRC_KERNEL_AVX512_COMMON_H_

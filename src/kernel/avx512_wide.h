@@ -1,5 +1,5 @@
-// The AVX-512 widening kernels (avx512_wide.cc): bf16 and 8-bit float K/V
-// widened to f32 in registers, f32 FMA. x86-64 only.
+// The AVX-512 widening kernels (avx512_wide.cc): bf16, f16 and 8-bit float
+// K/V widened to f32 in registers, f32 FMA. x86-64 only.
 #ifndef RPA_SRC_KERNEL_AVX512_WIDE_H_
 #define RPA_SRC_KERNEL_AVX512_WIDE_H_
 
@@ -8,7 +8,7 @@
 #if defined(__x86_64__)
 namespace rpa::internal {
 
-// Unfused products over bf16, e4m3fn or e5m2 K/V, any q dtype (as f32);
+// Unfused products over bf16, f16, e4m3fn or e5m2 K/V, any q dtype (as f32);
 // q in kF32EvenOdd, accumulators kEvenOdd. Needs CpuFeatures::avx512bw.
 extern const ProductKernel kAvx512Wide;
 // The fused decode tile of the same arithmetic (min_rows 3).

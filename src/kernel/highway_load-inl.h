@@ -47,7 +47,6 @@ struct I8Elem { int8_t bits; };
 //   and output scales, so nothing is multiplied per element. Its NaN codes
 //   (0x7F, 0xFF) would land on a finite f16, so they are set to NaN.
 
-
 // Lanes [0, Lanes(df)) of a row, converted to f32 in registers.
 template <typename T>
 HWY_INLINE VF LoadF32(DF df, const T* p) {
@@ -104,8 +103,6 @@ HWY_INLINE void RowToF32(const T* src, int64_t count, int64_t count_pad, float* 
   }
 }
 
-// S[r][t] = dot(q_r, k_t) for kRows rows. q rows are zero padded to
-
 // Calls fn(T{}) with T the storage tag of K/V dtype kv (see LoadF32).
 template <class Fn>
 HWY_INLINE void VisitKvElem(DType kv, const Fn& fn) {
@@ -145,8 +142,6 @@ inline void StoreRow(DType dtype, void* dst, const float* src, int64_t count) {
       return;
   }
 }
-
-// Fills base[i] with kv head task.kv_head's K (or V) row of key t0 + i,
 
 // Calls block.template operator()<k>(r) for each block of k <= kMax rows
 // [r, r + k) of [0, rows): kMax-row blocks, then one block of the rest.

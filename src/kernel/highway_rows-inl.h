@@ -6,7 +6,7 @@
 // 4 rows, one V chunk load per key feeding 4 accumulators kept in registers
 // across the tile. q kF32, accumulators kNatural.
 //
-// Dispatch chooses it for K/V dtypes without an ISA path (f32, f16, int8)
+// Dispatch chooses it for K/V dtypes without an ISA path (f32, int8)
 // and for every dtype where the CPU lacks AVX-512 BW, for fewer than
 // kPackedMinRows rows per kv head.
 // Compiled once per Highway target: include it only through

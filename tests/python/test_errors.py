@@ -282,12 +282,19 @@ def test_dynamic_errors(changes, message):
 
 
 def test_valid_base_passes():
+  """The base batch every error case edits is valid: the validators accept it
+  and the call computes its attention (the reference's, padding rows 0)."""
   args, _ = _with()
-  rpa.static_validate_inputs(*args)
-  rpa.dynamic_validate_inputs(*args, sm_scale=0.5, sliding_window=2, soft_cap=1.0,
-                              num_kv_pages_per_block=32, num_queries_per_block=1)
-  out = rpa.ragged_paged_attention(*args)
-  assert out.shape == args[0].shape
+  assert rpa.static_validate_inputs(*args) is None
+  options = dict(sm_scale=0.5, sliding_window=2, soft_cap=1.0, num_kv_pages_per_block=32,
+                 num_queries_per_block=1)
+  assert rpa.dynamic_validate_inputs(*args, **options) is None
+  for kwargs in ({}, options):
+    out = rpa.ragged_paged_attention(*args, **kwargs)
+    ref = rpa.ref_ragged_paged_attention(*args, **kwargs)
+    assert out.shape == args[0].shape
+    assert np.abs(ref[:4]).max() > 0 and not np.any(out[4:])
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5)
 
 
 def test_error_kind_and_type():

@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 
-# Runs one call with out= prefilled; prints the error (or none) and the output.
+# Runs one call with out= prefilled; prints the error (or none), the output and
+# the CPUs each of the process's threads may run on afterwards (rpa's workers
+# stay alive between calls).
 _CALL = """
-import json, sys
+import glob, json, sys
 import numpy as np
 import rpa
 from rpa_testing import make_batch
@@ -22,8 +24,12 @@ try:
   error = None
 except rpa.Error as e:
   error = [e.kind, str(e)]
+masks = []
+for status in glob.glob("/proc/self/task/*/status"):
+  with open(status) as f:
+    masks += [line.split()[1] for line in f if line.startswith("Cpus_allowed_list:")]
 print(json.dumps({"error": error, "out": out.tobytes().hex(),
-                  "untouched": bool(np.all(out == 7.0))}))
+                  "untouched": bool(np.all(out == 7.0)), "masks": sorted(masks)}))
 """
 
 
@@ -67,10 +73,19 @@ def test_bound_workers_give_the_unbound_results():
     bind = ",".join(str(cpu) for cpu in allowed[:threads])
     bound, unbound = _run(bind, threads), _run(None, threads)
     assert bound["error"] is None and unbound["error"] is None
+    assert not bound["untouched"]
     assert bound["out"] == unbound["out"]
+    if threads > 1:  # Worker 1 runs on the second CPU listed alone (worker 0 is the caller).
+      assert str(allowed[1]) in bound["masks"] and str(allowed[1]) not in unbound["masks"]
   # With a binding and no num_threads, the call uses one thread per CPU bound.
   assert _run(str(allowed[0]))["out"] == _run(None, 1)["out"]
 
 
 def test_empty_variable_means_unbound():
-  assert _run("")["error"] is None
+  """No error, the unbound result, and every thread keeps the mask it had."""
+  allowed = sorted(os.sched_getaffinity(0))
+  threads = min(len(allowed), 2)
+  empty, unbound = _run("", threads), _run(None, threads)
+  assert empty["error"] is None and not empty["untouched"]
+  assert empty["out"] == unbound["out"]
+  assert empty["masks"] == unbound["masks"]
