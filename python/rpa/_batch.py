@@ -17,7 +17,7 @@ from ._api import _as_array, _as_codes, _dtype_name, _empty_like, _error, _is_ar
 _LAYOUTS = ("combined", "NHD", "HND")
 # plan()'s options beyond the shape, each None when not given.
 _PLAN_OPTIONS = ("sliding_window", "window_left", "soft_cap", "mask_value", "k_scale", "v_scale",
-                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes")
+                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes", "causal")
 
 
 def _unknown(options):
@@ -111,6 +111,9 @@ class BatchAttention:
       num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes: as
         for rpa.ragged_paged_attention; k_scale / v_scale are the runs'
         defaults.
+      causal: None or True: causal attention (rpa's default; FlashInfer's
+        plan defaults to False); False: every row sees all of its
+        sequence's keys, and q_len may exceed kv_len.
 
     Returns:
       None.
@@ -131,7 +134,8 @@ class BatchAttention:
     array int32, all batch_size = len(qo_indptr) - 1 sequences live.
     FlashInfer's rules are checked (indptrs from 0, never decreasing;
     1 <= kv_last_page_len <= page_size for a sequence with pages, 0 for one
-    without; indices in [0, num_pages)), and rpa's q_len <= kv_len.
+    without; indices in [0, num_pages)), and rpa's q_len <= kv_len when
+    causal.
 
     Args:
       qo_indptr, kv_indptr, kv_indices, kv_last_page_len: the page table.
