@@ -96,3 +96,54 @@ def test_messages(rng):
   with pytest.raises(rpa.Error, match=r"^sliding_window=4 must be None when causal=False\. "):
     w.plan(*b.args[2:], **HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype,
            causal=False, sliding_window=4)
+
+
+# ---- FlashInfer's conventions in BatchAttention.
+
+
+def _plan(w, b, **options):
+  w.plan(*b.args[2:], **HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype,
+         num_tokens=b.q.shape[0], **options)
+
+
+def test_sm_scale_defaults_to_flashinfers(rng):
+  b = make_batch(rng, [(3, 9), (1, 4)], **HEADS)
+  w = rpa.BatchAttention()
+  _plan(w, b)
+  assert np.array_equal(w.run(b.q, b.kv_pages),
+                        rpa.ragged_paged_attention(*b.args, sm_scale=16 ** -0.5))
+  _plan(w, b, sm_scale=1.0)
+  assert np.array_equal(w.run(b.q, b.kv_pages), rpa.ragged_paged_attention(*b.args))
+
+
+def test_logits_soft_cap_is_soft_cap(rng):
+  b = make_batch(rng, [(3, 9), (1, 4)], **HEADS)
+  w = rpa.BatchAttention()
+  _plan(w, b, logits_soft_cap=2.0)
+  assert np.array_equal(w.run(b.q, b.kv_pages),
+                        rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, soft_cap=2.0))
+  _plan(w, b, logits_soft_cap=0.0)  # FlashInfer's "no cap".
+  assert np.array_equal(w.run(b.q, b.kv_pages),
+                        rpa.ragged_paged_attention(*b.args, sm_scale=SCALE))
+  with pytest.raises(rpa.Error, match=r"^soft_cap=2\.0 and logits_soft_cap=3\.0 are the same "
+                     r"option\. ") as e:
+    _plan(w, b, soft_cap=2.0, logits_soft_cap=3.0)
+  assert e.value.kind == "option"
+
+
+def test_run_writes_lse_into_the_callers_buffer(rng):
+  b = make_batch(rng, [(3, 9), (1, 4)], **HEADS)
+  _, want = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, return_lse=True)
+  w = rpa.BatchAttention()
+  _plan(w, b)
+  lse = np.full(b.q.shape[:2], 5.0, np.float32)
+  out = w.run(b.q, b.kv_pages, lse=lse)
+  assert isinstance(out, np.ndarray) and np.array_equal(lse, want)
+  lse2 = np.zeros_like(lse)
+  out2, got = w.run(b.q, b.kv_pages, lse=lse2, return_lse=True)
+  assert got is lse2 and np.array_equal(lse2, want) and np.array_equal(out, out2)
+  bad = np.full((b.q.shape[0], 3), 5.0, np.float32)
+  out3 = np.full_like(b.q, 7.0)
+  with pytest.raises(rpa.Error, match=r"^lse\.shape=\(\d+, 3\) must be "):
+    w.run(b.q, b.kv_pages, lse=bad, out=out3)
+  assert np.all(bad == 5.0) and np.all(out3 == 7.0)
