@@ -489,6 +489,15 @@ std::optional<double> OptionalFloat(py::handle value, const char* name) {
   return v;
 }
 
+std::optional<bool> OptionalBool(py::handle value, const char* name) {
+  if (value.is_none()) return std::nullopt;
+  if (!PyBool_Check(value.ptr())) {
+    throw py::type_error(std::string(name) + " must be True, False or None. Got " + Repr(value) +
+                         " of type " + Repr(py::type::handle_of(value)) + ".");
+  }
+  return value.ptr() == Py_True;
+}
+
 std::optional<int> OptionalThreads(py::handle value) {
   const std::optional<int64_t> n = OptionalInt(value, "num_threads");
   if (!n) return std::nullopt;
@@ -504,7 +513,7 @@ std::optional<int> OptionalThreads(py::handle value) {
 
 struct RaggedKwargs {
   py::object sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
-      num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, num_threads;
+      num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, num_threads, causal;
 };
 
 rpa::AttentionOptions ToOptions(const RaggedKwargs& kw) {
@@ -519,6 +528,7 @@ rpa::AttentionOptions ToOptions(const RaggedKwargs& kw) {
   o.num_queries_per_block = OptionalInt(kw.num_queries_per_block, "num_queries_per_block");
   o.vmem_limit_bytes = OptionalInt(kw.vmem_limit_bytes, "vmem_limit_bytes");
   o.num_threads = OptionalThreads(kw.num_threads);
+  o.causal = OptionalBool(kw.causal, "causal");
   return o;
 }
 
@@ -1174,12 +1184,12 @@ PYBIND11_MODULE(_rpa, m) {
          py::object sliding_window, py::object soft_cap, py::object mask_value,
          py::object k_scale, py::object v_scale, py::object num_kv_pages_per_block,
          py::object num_queries_per_block, py::object vmem_limit_bytes,
-         py::object num_threads, py::object kv_dtype) {
+         py::object num_threads, py::object kv_dtype, py::object causal) {
         return Ragged(reference, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
                       out, sinks, lse, kv_dtype,
                       {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
                        num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
-                       num_threads});
+                       num_threads, causal});
       },
       py::arg("reference"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
@@ -1190,7 +1200,7 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("k_scale").none(true), py::arg("v_scale").none(true),
       py::arg("num_kv_pages_per_block").none(true), py::arg("num_queries_per_block").none(true),
       py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
-      py::arg("kv_dtype").none(true) = py::none(),
+      py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
       "Runs a ragged call into `out` and returns it; see rpa.ragged_paged_attention.");
 
   m.def(
@@ -1201,12 +1211,13 @@ PYBIND11_MODULE(_rpa, m) {
          py::object sm_scale, py::object sliding_window, py::object soft_cap,
          py::object mask_value, py::object k_scale, py::object v_scale,
          py::object num_kv_pages_per_block, py::object num_queries_per_block,
-         py::object vmem_limit_bytes, py::object num_threads, py::object kv_dtype) {
+         py::object vmem_limit_bytes, py::object num_threads, py::object kv_dtype,
+         py::object causal) {
         return RaggedWithKVWrite(q, new_k, new_v, k, v, layout, kv_lens, page_indices,
                                  cu_q_lens, num_seqs, out, sinks, lse, kv_dtype,
                                  {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
                                   v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                  vmem_limit_bytes, num_threads});
+                                  vmem_limit_bytes, num_threads, causal});
       },
       py::arg("q"), py::arg("new_k"), py::arg("new_v"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
@@ -1217,7 +1228,7 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("k_scale").none(true), py::arg("v_scale").none(true),
       py::arg("num_kv_pages_per_block").none(true), py::arg("num_queries_per_block").none(true),
       py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
-      py::arg("kv_dtype").none(true) = py::none(),
+      py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
       "Writes new_k/new_v into the cache, then attends into `out` and returns it; see "
       "rpa.ragged_paged_attention_with_kv_write.");
 
@@ -1238,10 +1249,11 @@ PYBIND11_MODULE(_rpa, m) {
          py::handle sinks, py::object sm_scale, py::object sliding_window, py::object soft_cap,
          py::object mask_value, py::object k_scale, py::object v_scale,
          py::object num_kv_pages_per_block, py::object num_queries_per_block,
-         py::object vmem_limit_bytes, py::object kv_dtype) {
+         py::object vmem_limit_bytes, py::object kv_dtype, py::object causal) {
         Validate(dynamic, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs, sinks,
                  kv_dtype, {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
-                  num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, py::none()});
+                  num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, py::none(),
+                  causal});
       },
       py::arg("dynamic"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
@@ -1251,7 +1263,7 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("mask_value").none(true), py::arg("k_scale").none(true),
       py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
       py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
-      py::arg("kv_dtype").none(true) = py::none(),
+      py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
       "Static (dynamic=False) or static and dynamic checks of a ragged call.");
 
   m.def("paged", &Paged, py::arg("q"), py::arg("k_pages"), py::arg("v_pages"),
@@ -1307,13 +1319,13 @@ PYBIND11_MODULE(_rpa, m) {
              py::object window_left, py::object sm_scale, py::object sliding_window,
              py::object soft_cap, py::object mask_value, py::object k_scale, py::object v_scale,
              py::object num_kv_pages_per_block, py::object num_queries_per_block,
-             py::object vmem_limit_bytes, py::object num_threads) {
+             py::object vmem_limit_bytes, py::object num_threads, py::object causal) {
             self.PlanFrom(form, {a, b, c, d},
                           PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
                                    page_size, q_dtype, kv_dtype, kv_layout, window_left,
                                    {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
                                     v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                    vmem_limit_bytes, num_threads}});
+                                    vmem_limit_bytes, num_threads, causal}});
           },
           py::arg("form"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::kw_only(),
           py::arg("num_tokens").none(true), py::arg("num_q_heads"), py::arg("num_kv_heads"),
@@ -1324,7 +1336,7 @@ PYBIND11_MODULE(_rpa, m) {
           py::arg("mask_value").none(true), py::arg("k_scale").none(true),
           py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
           py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
-          py::arg("num_threads").none(true),
+          py::arg("num_threads").none(true), py::arg("causal").none(true) = py::none(),
           "Plans from JAX's page table (form='jax': kv_lens, page_indices, cu_q_lens, "
           "num_seqs) or FlashInfer's (form='csr': qo_indptr, kv_indptr, kv_indices, "
           "kv_last_page_len).")

@@ -137,7 +137,7 @@ void CopyCsrMetadata(const CsrPageTable& csr, AttentionProblem& p, MetadataCopy&
   CheckTotalQTokens(cu[batch], p,
                     "qo_indptr[batch_size] counts the q rows in use; make q taller or the batch "
                     "smaller.");
-  for (int64_t i = 0; i < batch; ++i) {
+  for (int64_t i = 0; p.causal && i < batch; ++i) {
     CheckQLenAtMostKvLen(static_cast<int64_t>(cu[i + 1]) - cu[i], copy.kv_lens[i], i,
                          "A sequence's new tokens are part of its history: its pages hold "
                          "them too.");

@@ -60,6 +60,16 @@ void WriteNewTokens(const TensorView& new_k, const TensorView& new_v, const Atte
   }
 }
 
+// The new tokens are each sequence's last q_len positions: without the
+// causal rule (causal=false lets q_len exceed kv_len) they must still fit.
+void CheckNewTokensFit(const AttentionProblem& p) {
+  for (int64_t seq = 0; seq < p.num_seqs; ++seq) {
+    internal::CheckQLenAtMostKvLen(p.cu_q_lens[seq + 1] - p.cu_q_lens[seq], p.kv_lens[seq], seq,
+                                   "The fused write stores a sequence's new tokens at its last "
+                                   "q_len positions: kv_lens[i] must count them.");
+  }
+}
+
 // Plans (validating everything, the metadata on the plan's copy), checks
 // the new rows, writes them where the plan's copy says, then runs the plan.
 void WriteThenAttend(const internal::RaggedInputs& inputs, const internal::RunInputs& run,
@@ -69,6 +79,7 @@ void WriteThenAttend(const internal::RaggedInputs& inputs, const internal::RunIn
   internal::PlanCall(inputs, options, out, state);
   CheckNewRows(new_k, "new_k", state.problem);
   CheckNewRows(new_v, "new_v", state.problem);
+  CheckNewTokensFit(state.problem);
   WriteNewTokens(new_k, new_v, state.problem);
   internal::RunPlanned(state, run, out, RunExtras{options.sinks, options.lse, {}, {}});
 }

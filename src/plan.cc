@@ -100,12 +100,9 @@ void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan) {
       // window: at or before the first row's position - window).
       int64_t lo = 0, hi = kv_len;
       if (vanish) {
-        const int64_t first_pos = kv_len - q_len + qb;
-        const int64_t last_pos = kv_len - q_len + qe - 1;
-        hi = std::clamp<int64_t>(last_pos + 1, 0, kv_len);
-        if (problem.sliding_window > 0) {
-          lo = std::clamp<int64_t>(first_pos - problem.sliding_window + 1, 0, hi);
-        }
+        hi = std::clamp<int64_t>(problem.VisibleKeys(kv_len - q_len + qe - 1, kv_len).end, 0,
+                                 kv_len);
+        lo = std::clamp<int64_t>(problem.VisibleKeys(kv_len - q_len + qb, kv_len).begin, 0, hi);
       }
       // Decode-like tiles (few rows per kv head) take every kv head in one
       // task: K/V are then read whole token rows at a time (kernel.h).

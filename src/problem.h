@@ -5,6 +5,7 @@
 #ifndef RPA_SRC_PROBLEM_H_
 #define RPA_SRC_PROBLEM_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "rpa/dtype.h"
@@ -50,7 +51,8 @@ struct AttentionProblem {
   PagesView v;
 
   // Metadata; validated: 0 <= num_seqs <= max_num_seqs, kv_lens >= 0,
-  // cu_q_lens non-decreasing from >= 0 up to <= num_tokens, q_len <= kv_len,
+  // cu_q_lens non-decreasing from >= 0 up to <= num_tokens, q_len <= kv_len
+  // when causal,
   // and every page index of the first ceil(kv_len / page_size) columns of
   // each live sequence in [0, num_pages).
   // Sequence i's pages start at page_indices + page_begin[i] when page_begin
@@ -67,7 +69,8 @@ struct AttentionProblem {
   float sm_scale = 1.0f;
   float mask_value = 0.0f;
   float soft_cap = 0.0f;        // 0: no soft cap.
-  int64_t sliding_window = 0;   // 0: no window.
+  int64_t sliding_window = 0;   // 0: no window (always 0 when not causal).
+  bool causal = true;           // false: every row sees all its kv_len keys.
   float k_scale = 1.0f;
   float v_scale = 1.0f;
   int64_t num_kv_pages_per_block = 0;  // 0: chosen by the library.
@@ -84,6 +87,18 @@ struct AttentionProblem {
   int32_t PageIndex(int64_t seq, int64_t column) const {
     const int64_t row = page_begin != nullptr ? page_begin[seq] : seq * page_indices_row_stride;
     return page_indices[row + column];
+  }
+  // The keys [begin, end) that a row at query position pos sees by the
+  // causal and window rules (docs/contract.md §1.1); the other keys below
+  // kv_len are masked (mask_value). begin may exceed end (no key).
+  struct KeyRange {
+    int64_t begin = 0;
+    int64_t end = 0;
+  };
+  KeyRange VisibleKeys(int64_t pos, int64_t kv_len) const {
+    if (!causal) return {0, kv_len};
+    return {sliding_window > 0 ? std::max<int64_t>(pos - sliding_window + 1, 0) : 0,
+            std::min(pos + 1, kv_len)};
   }
   // Whether fully masked key blocks may be skipped (docs/contract.md §1): their weight is
   // then exactly 0 in f32.

@@ -67,8 +67,8 @@ void ReferenceAttention(const AttentionProblem& p) {
             for (int64_t d = 0; d < p.head_dim; ++d) dot += q_row[d] * keys[t * p.head_dim + d];
             double logit = dot * p.sm_scale;
             if (p.soft_cap != 0.0f) logit = p.soft_cap * std::tanh(logit / p.soft_cap);
-            const bool masked =
-                t > position || (p.sliding_window > 0 && t <= position - p.sliding_window);
+            const bool masked = p.causal && (t > position || (p.sliding_window > 0 &&
+                                                              t <= position - p.sliding_window));
             if (masked) logit += p.mask_value;
             logits[t] = logit;
             max_logit = std::max(max_logit, logit);

@@ -96,6 +96,18 @@ void CheckMaskValue(double mask_value, std::string_view name) {
                    kDefaultMaskValue, ") or -inf, or None for the default."));
 }
 
+// A window counts back from each row's causal position: without the
+// causal alignment it has nothing to count from.
+void CheckCausal(const AttentionOptions& options) {
+  if (!options.sliding_window) return;
+  RPA_CHECK(options.causal.value_or(true), ErrorKind::kOption,
+            StrCat(NameEq("sliding_window", *options.sliding_window),
+                   " must be None when causal=False."),
+            "A window keeps the keys just before each query's causal position; with "
+            "causal=False every row sees all of its keys. Pass causal=True with the window, or "
+            "no window.");
+}
+
 void CheckThreads(const std::optional<int>& num_threads) {
   // An invalid RPA_CPU_BIND fails the first call (and every one after), here,
   // before anything is written.
@@ -320,6 +332,7 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
               "Pass the number of keys each query sees (its own position included), or None for "
               "no window.");
   }
+  CheckCausal(options);
   if (options.soft_cap) {
     RPA_CHECK(*options.soft_cap != 0.0, ErrorKind::kOption,
               StrCat(NameEq("soft_cap", *options.soft_cap), " must not be 0.0."),
@@ -379,6 +392,7 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   p.soft_cap = static_cast<float>(options.soft_cap.value_or(0.0));
   // kv_len fits in int32, so a wider window masks nothing: it is no window.
   p.sliding_window = options.sliding_window.value_or(0) > INT32_MAX ? 0 : options.sliding_window.value_or(0);
+  p.causal = options.causal.value_or(true);
   p.k_scale = static_cast<float>(options.k_scale.value_or(1.0));
   p.v_scale = static_cast<float>(options.v_scale.value_or(1.0));
   p.num_kv_pages_per_block = options.num_kv_pages_per_block.value_or(0);
@@ -458,7 +472,7 @@ void CopyMetadata(int32_t num_seqs, const MetadataNames& names, AttentionProblem
     CheckTotalQTokens(cu_q_lens[num_seqs], p,
                       "cu_q_lens[num_seqs] counts the q rows in use; make q taller or the batch "
                       "smaller.");
-    for (int32_t i = 0; i < num_seqs; ++i) {
+    for (int32_t i = 0; p.causal && i < num_seqs; ++i) {
       CheckQLenAtMostKvLen(static_cast<int64_t>(cu_q_lens[i + 1]) - cu_q_lens[i], kv_lens[i], i,
                            "A sequence's new tokens are part of its history: kv_lens[i] counts "
                            "them too.");

@@ -36,6 +36,10 @@ struct AttentionOptions {
   std::optional<int> num_threads;
 
   // Beyond JAX (docs/contract.md §1 conventions).
+  // false: every query row of a sequence sees all of its kv_len keys, and
+  // q_len may exceed kv_len (encoders, cross attention); a sliding window
+  // then is an error. None: true (JAX's causal attention).
+  std::optional<bool> causal;
   // f32 [num_q_heads]: attention sinks, one raw logit per q head that joins
   // each row's softmax denominator only (no value, no sm_scale, no soft cap).
   std::optional<TensorView> sinks;

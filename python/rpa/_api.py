@@ -181,6 +181,7 @@ def ragged_paged_attention(
     return_lse: bool = False,
     num_threads: int | None = None,
     out=None,
+    causal: bool = True,
 ):
   """Ragged paged attention that supports mixed prefill and decode.
 
@@ -222,6 +223,9 @@ def ragged_paged_attention(
       core.
     out: rpa's: an array like q to write the result into (and return);
       None allocates one. On error it is left untouched.
+    causal: rpa's: False lets every query row of a sequence see all of its
+      kv_lens[i] keys (encoders, rerankers, cross attention); q_len may then
+      exceed kv_len. A sliding window needs causal=True.
 
   Returns:
     The attention output, of q's shape and dtype and of q's kind (a torch
@@ -241,7 +245,7 @@ def ragged_paged_attention(
       soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads)
+      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal)
 
 
 def ref_ragged_paged_attention(
@@ -267,6 +271,7 @@ def ref_ragged_paged_attention(
     return_lse: bool = False,
     num_threads: int | None = None,
     out=None,
+    causal: bool = True,
 ):
   """The reference ragged paged attention: the oracle rpa is tested against.
 
@@ -285,7 +290,7 @@ def ref_ragged_paged_attention(
     num_seqs: int32[1].
     sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
     num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
-    kv_layout, kv_dtype, sinks, return_lse, num_threads, out: as for
+    kv_layout, kv_dtype, sinks, return_lse, num_threads, out, causal: as for
     `ragged_paged_attention`.
 
   Returns:
@@ -302,7 +307,7 @@ def ref_ragged_paged_attention(
       soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads)
+      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal)
 
 
 def _validate(dynamic, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
@@ -333,6 +338,7 @@ def static_validate_inputs(
     kv_layout: str | None = None,
     kv_dtype=None,
     sinks=None,
+    causal: bool = True,
 ):
   """Checks shapes, dtypes, layouts and options, without reading the metadata.
 
@@ -354,7 +360,8 @@ def static_validate_inputs(
             sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
-            num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes)
+            num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
+            causal=causal)
 
 
 def dynamic_validate_inputs(
@@ -377,6 +384,7 @@ def dynamic_validate_inputs(
     kv_layout: str | None = None,
     kv_dtype=None,
     sinks=None,
+    causal: bool = True,
 ):
   """The static checks, then the metadata's values.
 
@@ -398,7 +406,8 @@ def dynamic_validate_inputs(
             sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
-            num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes)
+            num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
+            causal=causal)
 
 
 def paged_attention(

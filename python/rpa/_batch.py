@@ -11,18 +11,22 @@ given (kv_layout, a pair or a 5-D cache).
 
 from __future__ import annotations
 
+import operator
+
 from . import _rpa
 from ._api import _as_array, _as_codes, _dtype_name, _empty_like, _error, _is_array, _lse_like
 
 _LAYOUTS = ("combined", "NHD", "HND")
 # plan()'s options beyond the shape, each None when not given.
 _PLAN_OPTIONS = ("sliding_window", "window_left", "soft_cap", "mask_value", "k_scale", "v_scale",
-                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes")
+                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes", "causal")
+# FlashInfer's names that plan() accepts beside rpa's.
+_ALIASES = ("logits_soft_cap",)
 
 
 def _unknown(options):
   """Raises TypeError for a keyword plan() does not take."""
-  extra = sorted(set(options) - set(_PLAN_OPTIONS))
+  extra = sorted(set(options) - set(_PLAN_OPTIONS) - set(_ALIASES))
   if extra:
     raise TypeError(f"plan() got an unexpected keyword argument {extra[0]!r}")
   return {}
@@ -32,13 +36,35 @@ def _name(dtype):
   return None if dtype is None else _dtype_name(dtype)
 
 
+def _default_sm_scale(head_dim):
+  """FlashInfer's default sm_scale, 1 / sqrt(head_dim); None (the library's
+  1.0) for a head_dim the library will reject with its own message."""
+  try:
+    d = operator.index(head_dim)
+  except TypeError:
+    return None
+  return d ** -0.5 if d > 0 else None
+
+
+def _soft_cap(options):
+  """The soft cap from rpa's `soft_cap` or FlashInfer's `logits_soft_cap`,
+  where 0.0 means no cap as in FlashInfer (rpa's soft_cap=0.0 is an error)."""
+  soft_cap, logits_soft_cap = options.get("soft_cap"), options.get("logits_soft_cap")
+  if logits_soft_cap is None:
+    return soft_cap
+  if soft_cap is not None:
+    raise _error("option", f"soft_cap={soft_cap!r} and logits_soft_cap={logits_soft_cap!r} are "
+                 "the same option. Pass one: logits_soft_cap is FlashInfer's name for soft_cap.")
+  return None if logits_soft_cap == 0.0 else logits_soft_cap
+
+
 class BatchAttention:
   """Ragged paged attention planned once per step and run for every layer.
 
       w = rpa.BatchAttention(kv_layout="NHD")
       w.plan(kv_lens, page_indices, cu_q_lens, num_seqs, num_q_heads=32,
              num_kv_heads=8, head_dim=128, page_size=16, num_pages=k_cache.shape[0],
-             q_dtype="bfloat16", sm_scale=128 ** -0.5)
+             q_dtype="bfloat16")  # sm_scale: 1 / sqrt(head_dim) unless given
       for layer in range(num_layers):
         out = w.run(q[layer], (k_cache[layer], v_cache[layer]))
 
@@ -78,7 +104,11 @@ class BatchAttention:
 
   def _plan(self, form, tables, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
             page_size: int, num_pages: int, q_dtype, kv_dtype=None, num_tokens=None,
-            sm_scale: float = 1.0, **options):
+            sm_scale: float | None = None, **options):
+    if sm_scale is None:
+      sm_scale = _default_sm_scale(head_dim)
+    options["soft_cap"] = _soft_cap(options)
+    options.pop("logits_soft_cap", None)
     self._plan_object.plan(
         form, *(_as_array(t) for t in tables), num_tokens=num_tokens, num_q_heads=num_q_heads,
         num_kv_heads=num_kv_heads, head_dim=head_dim, num_pages=num_pages,
@@ -107,10 +137,15 @@ class BatchAttention:
         batch's tokens, cu_q_lens[num_seqs[0]].
       sliding_window: keys a query sees, its own included; or
       window_left: FlashInfer's, sliding_window - 1 (-1: no window).
-      sm_scale (1.0), soft_cap, mask_value, k_scale, v_scale,
-      num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes: as
-        for rpa.ragged_paged_attention; k_scale / v_scale are the runs'
-        defaults.
+      sm_scale: the scale of q . k; None for 1 / sqrt(head_dim), FlashInfer's
+        default (rpa.ragged_paged_attention keeps JAX's 1.0).
+      soft_cap, or FlashInfer's logits_soft_cap (0.0 there: no cap; both is
+        an error), mask_value, k_scale, v_scale, num_kv_pages_per_block,
+        num_queries_per_block, vmem_limit_bytes: as for
+        rpa.ragged_paged_attention; k_scale / v_scale are the runs' defaults.
+      causal: None or True: causal attention (rpa's default; FlashInfer's
+        plan defaults to False); False: every row sees all of its
+        sequence's keys, and q_len may exceed kv_len.
 
     Returns:
       None.
@@ -131,7 +166,8 @@ class BatchAttention:
     array int32, all batch_size = len(qo_indptr) - 1 sequences live.
     FlashInfer's rules are checked (indptrs from 0, never decreasing;
     1 <= kv_last_page_len <= page_size for a sequence with pages, 0 for one
-    without; indices in [0, num_pages)), and rpa's q_len <= kv_len.
+    without; indices in [0, num_pages)), and rpa's q_len <= kv_len when
+    causal.
 
     Args:
       qo_indptr, kv_indptr, kv_indices, kv_last_page_len: the page table.
@@ -165,7 +201,7 @@ class BatchAttention:
                    f"FlashInfer's one array {five}.")
     return kv[:, 0], kv[:, 1]  # Views: K and V of each page.
 
-  def run(self, q, kv_pages, *, out=None, return_lse: bool = False, sinks=None,
+  def run(self, q, kv_pages, *, out=None, lse=None, return_lse: bool = False, sinks=None,
           k_scale: float | None = None, v_scale: float | None = None):
     """Runs the plan for one layer.
 
@@ -175,8 +211,10 @@ class BatchAttention:
         A uint8 cache holds codes of the planned quantized kv_dtype.
       out: an array like q to write into (and return); None allocates one.
         Untouched on error.
-      return_lse: also return float32[num_tokens, num_q_heads], each row's
-        natural-log log-sum-exp (rpa.merge_states combines them).
+      lse: a float32[num_tokens, num_q_heads] array to write each row's
+        natural-log log-sum-exp into (FlashInfer's run(..., lse=)); None
+        allocates one when return_lse. Untouched on error.
+      return_lse: also return the LSE (rpa.merge_states combines them).
       sinks: float32[num_q_heads] attention sinks of this layer.
       k_scale, v_scale: this layer's cache scales; None for the plan's.
 
@@ -195,7 +233,10 @@ class BatchAttention:
     q = _as_array(q)
     if out is None:
       out = _empty_like(q)
-    lse = _lse_like(q) if return_lse else None
+    if lse is None and return_lse:
+      lse = _lse_like(q)
+    elif lse is not None:
+      lse = _as_array(lse)
     result = self._plan_object.run(q, k, v, out, sinks=None if sinks is None else _as_array(sinks),
                             lse=lse, k_scale=k_scale, v_scale=v_scale, kv_dtype=own)
     return (result, lse) if return_lse else result

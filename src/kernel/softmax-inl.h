@@ -34,12 +34,12 @@ struct SoftmaxParams {
   float soft_cap;     // 0: none.
   float mask_value;
   bool vanish;        // Masked keys get weight exactly 0.
-  int64_t window;     // 0: none.
 };
 
 // The keys of one row's tile.
 struct RowKeys {
-  int64_t pos = 0;     // The row's query position.
+  int64_t begin = 0;   // The keys [begin, end) the row sees (AttentionProblem::VisibleKeys);
+  int64_t end = 0;     // the others are masked.
   int64_t kv_len = 0;  // Its sequence's keys.
   int64_t t0 = 0;      // The tile's keys [t0, t0 + n) ...
   int64_t n = 0;
@@ -50,7 +50,8 @@ struct RowKeys {
 // state (m, l and the accumulator row, row.stride = dim_pad floats).
 HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* s,
                            const SoftmaxState& row) {
-  const int64_t pos = keys.pos, kv_len = keys.kv_len, t0 = keys.t0, n = keys.n;
+  const int64_t begin = keys.begin, end = keys.end, kv_len = keys.kv_len, t0 = keys.t0,
+                n = keys.n;
   const int64_t n_pad = keys.n_pad, dim_pad = row.stride;
   float* m = row.m;
   float* l = row.l;
@@ -60,8 +61,8 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const VF neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
   const VF scale = hn::Set(df, sp.logit_scale);
-  // Keys t with t > pos (causal) or t <= pos - window are masked.
-  const bool any_masked = t0 + n - 1 > pos || (sp.window > 0 && t0 <= pos - sp.window);
+  // Keys t outside [begin, end) are masked.
+  const bool any_masked = t0 < begin || t0 + n > end;
   const auto iota = hn::Iota(di, 0);
   VF vmax = neg_inf;
   // Lanes that saw a NaN logit (before the cap: tanh's clamp would hide it).
@@ -77,11 +78,8 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
     }
     if (any_masked) {
       const auto t = hn::Add(index, hn::Set(di, static_cast<int32_t>(t0)));
-      auto masked = hn::Gt(t, hn::Set(di, static_cast<int32_t>(pos)));
-      if (sp.window > 0) {
-        masked = hn::Or(masked,
-                        hn::Lt(t, hn::Set(di, static_cast<int32_t>(pos - sp.window + 1))));
-      }
+      const auto masked = hn::Or(hn::Lt(t, hn::Set(di, static_cast<int32_t>(begin))),
+                                 hn::Gt(t, hn::Set(di, static_cast<int32_t>(end - 1))));
       const auto masked_f = hn::RebindMask(df, masked);
       // mask_value -inf is added like the reference does, so a masked +inf
       // logit becomes NaN there too (it poisons the row, as in the
@@ -118,9 +116,8 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
     // visible key was in the tile and either mask_value is -inf or the row
     // masks no key at all. (Otherwise a finite mask_value <= -1e4 makes the
     // reference weigh the masked keys instead; those may be skipped, docs/contract.md §1.)
-    const int64_t first = sp.window > 0 ? std::max(t0, pos - sp.window + 1) : t0;
-    const bool visible = std::min(t0 + n - 1, pos) >= first;
-    const bool masks_none = pos == kv_len - 1 && (sp.window == 0 || sp.window > pos);
+    const bool visible = std::min(t0 + n, end) > std::max(t0, begin);
+    const bool masks_none = begin <= 0 && end >= kv_len;
     if ((!sp.vanish && n > 0) ||
         (visible && (masks_none || sp.mask_value == -std::numeric_limits<float>::infinity()))) {
       *l = -0.0f;

@@ -7,7 +7,8 @@
 //
 // Per KV tile of n keys (row pointers k_i, v_i into the pages):
 //   S[r][i] = (q_r . k_i) * sm_scale * k_scale      // kernel logits
-//   S = soft_cap ? c * tanh(S / c) : S; masked keys: -inf (skipped when
+//   S = soft_cap ? c * tanh(S / c) : S; keys outside the row's visible
+//   range (causal, window; AttentionProblem::VisibleKeys): -inf (skipped when
 //   mask_value <= -1e4, docs/contract.md §1) or S + mask_value
 //   m' = max(m, max_i S[r][i]);  alpha = exp(m - m')
 //   P[r][i] = exp(S[r][i] - m');  l = alpha * l + sum_i P[r][i]
@@ -90,10 +91,11 @@ struct TaskContext {
   int64_t HeadOf(int64_t r) const {
     return (task->kv_head + r / rows_per_head) * group + r % group;
   }
-  // Whether every row sees every key of [begin, end).
+  // Whether every row sees every key of [begin, end): the first row's
+  // range reaches past it and the last row's starts before it.
   bool AllVisible(int64_t begin, int64_t end) const {
-    return end - 1 <= first_pos &&
-           (pr->sliding_window == 0 || begin > last_pos - pr->sliding_window);
+    return end <= pr->VisibleKeys(first_pos, kv_len).end &&
+           begin >= pr->VisibleKeys(last_pos, kv_len).begin;
   }
   QueryRows Queries(QueryFormat format, int64_t r0, int64_t count) const {
     const int64_t stride = QueryStride(format, ws->dim_pad);
@@ -129,7 +131,6 @@ TaskContext MakeContext(const AttentionProblem& pr, const KernelTask& task,
   c.softmax.soft_cap = pr.soft_cap;
   c.softmax.mask_value = pr.mask_value;
   c.softmax.vanish = pr.MaskedKeysVanish();
-  c.softmax.window = pr.sliding_window;
   return c;
 }
 
@@ -212,7 +213,10 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
   keys.n = tile.n;
   keys.n_pad = RoundUp(tile.n, static_cast<int64_t>(hn::Lanes(DF())));
   for (int64_t r = r0; r < r0 + left; ++r) {
-    keys.pos = c.first_pos + (r % c.rows_per_head) / c.group;
+    const AttentionProblem::KeyRange range =
+        c.pr->VisibleKeys(c.first_pos + (r % c.rows_per_head) / c.group, c.kv_len);
+    keys.begin = range.begin;
+    keys.end = range.end;
     SoftmaxRow(c.softmax, keys, ws.s + r * ws.token_pad, c.State(r));
   }
   products.pv(s, tile, c.State(r0), ws.tile);

@@ -127,8 +127,10 @@ def softmax(x, axis):
 
 def numpy_ref(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_scale=1.0,
               sliding_window=None, soft_cap=None, mask_value=None, k_scale=None,
-              v_scale=None):
+              v_scale=None, causal=True):
   """JAX's ref_ragged_paged_attention, ported to NumPy in float64.
+
+  causal=False (rpa's): no causal mask; q_len may exceed kv_len.
 
   Differences, all deliberate: only the pages a sequence reads are gathered
   (JAX gathers all of page_indices[i] and clamps out-of-range ones); the
@@ -162,7 +164,7 @@ def numpy_ref(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, 
     attn = np.einsum("qhd,khd->hqk", q, k) * sm_scale
     q_span = (kv_len - q_len) + np.arange(q_len)[None, :, None]
     kv_span = np.arange(kv_len)[None, None, :]
-    mask = q_span < kv_span
+    mask = (q_span < kv_span) & causal
     if sliding_window is not None:
       mask = np.logical_or(mask, q_span - sliding_window >= kv_span)
     if soft_cap is not None:

@@ -17,8 +17,10 @@ SEQS = [(1, 9), (5, 5), (0, 0), (3, 17), (1, 1)]
 
 
 def _shape(b, **extra):
+  # sm_scale 1.0 unless given: the one-call API's default (the plan's is
+  # FlashInfer's 1 / sqrt(head_dim), tests/python/test_masks.py).
   return dict(HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype,
-              num_tokens=b.q.shape[0], **extra)
+              num_tokens=b.q.shape[0], **{"sm_scale": 1.0, **extra})
 
 
 def _csr(b):

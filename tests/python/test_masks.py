@@ -1,0 +1,149 @@
+"""Attention beyond causal (docs/contract.md §1.6) through Python and torch:
+causal=False against the NumPy reference in every layout, BatchAttention's
+plan and plan_csr equal to the one call bit for bit, the torch operator equal
+to the Python call, and every new message."""
+
+import numpy as np
+import pytest
+
+import rpa
+from rpa_testing import make_batch, max_abs_diff, numpy_ref, to_torch, tolerance
+
+HEADS = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4)
+# q_len above, at and below kv_len; a query row without keys; an empty sequence.
+SEQS = [(1, 9), (7, 3), (5, 5), (2, 0), (0, 0), (3, 17), (12, 6)]
+SCALE = 16 ** -0.5
+
+
+def _layout_args(b, layout):
+  if layout == "combined":
+    return b.kv_pages, {}
+  return b.split(layout), {"kv_layout": layout}
+
+
+def _csr(b):
+  n = int(b.num_seqs[0])
+  page_size = HEADS["page_size"]
+  pages = [-(-int(b.kv_lens[i]) // page_size) for i in range(n)]
+  kv_indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+  kv_indices = np.concatenate(
+      [b.page_indices[i, :p] for i, p in enumerate(pages)] + [np.zeros(0, np.int32)])
+  last = np.array([int(b.kv_lens[i]) - (p - 1) * page_size if p else 0
+                   for i, p in enumerate(pages)], np.int32)
+  return b.cu_q_lens[:n + 1].copy(), kv_indptr, kv_indices.astype(np.int32), last
+
+
+@pytest.mark.parametrize("layout", ["combined", "NHD", "HND"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_non_causal_matches_numpy_reference(rng, layout, dtype):
+  b = make_batch(rng, SEQS, q_dtype=dtype, **HEADS)
+  want = numpy_ref(*b.args, sm_scale=SCALE, causal=False)
+  kv, kw = _layout_args(b, layout)
+  args = (b.q, kv) + b.args[2:]
+  got = rpa.ragged_paged_attention(*args, sm_scale=SCALE, causal=False, **kw)
+  ref = rpa.ref_ragged_paged_attention(*args, sm_scale=SCALE, causal=False, **kw)
+  assert max_abs_diff(got, want) <= tolerance(dtype, q_dtype=dtype)
+  assert max_abs_diff(ref, want) <= tolerance(dtype, q_dtype=dtype)
+
+
+def test_causal_default_is_true(rng):
+  b = make_batch(rng, [(3, 9), (1, 4)], **HEADS)
+  default = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE)
+  assert np.array_equal(default, rpa.ragged_paged_attention(*b.args, sm_scale=SCALE,
+                                                            causal=True))
+  assert not np.array_equal(default, rpa.ragged_paged_attention(*b.args, sm_scale=SCALE,
+                                                                causal=False))
+
+
+@pytest.mark.parametrize("form", ["jax", "csr"])
+def test_batch_attention_non_causal_equals_one_call(rng, form):
+  b = make_batch(rng, SEQS, **HEADS)
+  want = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, causal=False, num_threads=2)
+  w = rpa.BatchAttention(num_threads=2)
+  shape = dict(HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype, sm_scale=SCALE,
+               causal=False)
+  if form == "jax":
+    w.plan(*b.args[2:], num_tokens=b.q.shape[0], **shape)
+    assert np.array_equal(w.run(b.q, b.kv_pages), want)
+  else:
+    w.plan_csr(*_csr(b), **shape)
+    live = int(b.cu_q_lens[b.num_seqs[0]])
+    assert np.array_equal(w.run(b.q[:live], b.kv_pages), want[:live])
+
+
+def test_torch_op_non_causal(rng):
+  torch = pytest.importorskip("torch")
+  import rpa.torch  # noqa: F401
+
+  b = make_batch(rng, SEQS, **HEADS)
+  want = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, causal=False)
+  got = torch.ops.rpa.ragged_paged_attention(*(to_torch(a) for a in b.args), sm_scale=SCALE,
+                                             causal=False)
+  assert np.array_equal(got.numpy(), want)
+
+
+def test_messages(rng):
+  b = make_batch(rng, [(7, 3)], **HEADS)
+  out = np.full_like(b.q, 7.0)
+  with pytest.raises(rpa.Error, match=r"^sliding_window=4 must be None when causal=False\. "):
+    rpa.ragged_paged_attention(*b.args, causal=False, sliding_window=4, out=out)
+  with pytest.raises(rpa.Error, match=r"^q_len=7 must be less or equal to kv_len=3 at sequence 0"):
+    rpa.ragged_paged_attention(*b.args, out=out)
+  assert np.all(out == 7.0)
+  with pytest.raises(TypeError, match=r"^causal must be True, False or None\. Got 1 "):
+    rpa.ragged_paged_attention(*b.args, causal=1)
+  w = rpa.BatchAttention()
+  with pytest.raises(rpa.Error, match=r"^sliding_window=4 must be None when causal=False\. "):
+    w.plan(*b.args[2:], **HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype,
+           causal=False, sliding_window=4)
+
+
+# ---- FlashInfer's conventions in BatchAttention.
+
+
+def _plan(w, b, **options):
+  w.plan(*b.args[2:], **HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype,
+         num_tokens=b.q.shape[0], **options)
+
+
+def test_sm_scale_defaults_to_flashinfers(rng):
+  b = make_batch(rng, [(3, 9), (1, 4)], **HEADS)
+  w = rpa.BatchAttention()
+  _plan(w, b)
+  assert np.array_equal(w.run(b.q, b.kv_pages),
+                        rpa.ragged_paged_attention(*b.args, sm_scale=16 ** -0.5))
+  _plan(w, b, sm_scale=1.0)
+  assert np.array_equal(w.run(b.q, b.kv_pages), rpa.ragged_paged_attention(*b.args))
+
+
+def test_logits_soft_cap_is_soft_cap(rng):
+  b = make_batch(rng, [(3, 9), (1, 4)], **HEADS)
+  w = rpa.BatchAttention()
+  _plan(w, b, logits_soft_cap=2.0)
+  assert np.array_equal(w.run(b.q, b.kv_pages),
+                        rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, soft_cap=2.0))
+  _plan(w, b, logits_soft_cap=0.0)  # FlashInfer's "no cap".
+  assert np.array_equal(w.run(b.q, b.kv_pages),
+                        rpa.ragged_paged_attention(*b.args, sm_scale=SCALE))
+  with pytest.raises(rpa.Error, match=r"^soft_cap=2\.0 and logits_soft_cap=3\.0 are the same "
+                     r"option\. ") as e:
+    _plan(w, b, soft_cap=2.0, logits_soft_cap=3.0)
+  assert e.value.kind == "option"
+
+
+def test_run_writes_lse_into_the_callers_buffer(rng):
+  b = make_batch(rng, [(3, 9), (1, 4)], **HEADS)
+  _, want = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, return_lse=True)
+  w = rpa.BatchAttention()
+  _plan(w, b)
+  lse = np.full(b.q.shape[:2], 5.0, np.float32)
+  out = w.run(b.q, b.kv_pages, lse=lse)
+  assert isinstance(out, np.ndarray) and np.array_equal(lse, want)
+  lse2 = np.zeros_like(lse)
+  out2, got = w.run(b.q, b.kv_pages, lse=lse2, return_lse=True)
+  assert got is lse2 and np.array_equal(lse2, want) and np.array_equal(out, out2)
+  bad = np.full((b.q.shape[0], 3), 5.0, np.float32)
+  out3 = np.full_like(b.q, 7.0)
+  with pytest.raises(rpa.Error, match=r"^lse\.shape=\(\d+, 3\) must be "):
+    w.run(b.q, b.kv_pages, lse=bad, out=out3)
+  assert np.all(bad == 5.0) and np.all(out3 == 7.0)
