@@ -66,37 +66,6 @@ void ZeroPaddingRows(const AttentionProblem& p) {
   for (int64_t t = std::max<int64_t>(end, 0); t < p.num_tokens; ++t) zero(t);
 }
 
-// The merged (m, l) of row r over a query tile's KV chunks: m the largest
-// chunk maximum (NaN if any chunk's is), l the chunks' sums in that frame;
-// l = -0 where every chunk had no finite logit and one of them marked the
-// row NaN (l == -0, FinishRow).
-struct MergedRow {
-  float m = -std::numeric_limits<float>::infinity();
-  float l = 0.0f;
-};
-
-MergedRow MergeRowState(const Plan& plan, const MergeGroup& group, int64_t rows, int64_t r,
-                        const float* partials) {
-  MergedRow merged;
-  bool nan_marked = false;
-  for (int32_t c = 0; c < group.num_tasks; ++c) {
-    const float* part = partials + plan.tasks[group.first_task + c].partial_offset;
-    const float mc = part[r];
-    merged.m = std::isnan(mc) || std::isnan(merged.m) ? std::numeric_limits<float>::quiet_NaN()
-                                                      : std::max(merged.m, mc);
-    nan_marked = nan_marked || (part[rows + r] == 0.0f && std::signbit(part[rows + r]));
-  }
-  if (merged.m == -std::numeric_limits<float>::infinity()) {
-    merged.l = nan_marked ? -0.0f : 0.0f;
-    return merged;
-  }
-  for (int32_t c = 0; c < group.num_tasks; ++c) {
-    const float* part = partials + plan.tasks[group.first_task + c].partial_offset;
-    merged.l += std::exp(part[r] - merged.m) * part[rows + r];
-  }
-  return merged;
-}
-
 // out = sum_c w_c acc_c * v_scale / sum_c w_c l_c with w_c = exp(m_c - max m):
 // the log-sum-exp merge of a query tile's KV chunks, in chunk order.
 void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGroup& group,
@@ -108,9 +77,12 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
   const int64_t dim_pad = RoundUp(p.head_dim, kDimAlign);
   const int64_t q_start = p.cu_q_lens[first.seq];
   const int64_t elem = static_cast<int64_t>(SizeOf(p.q_dtype));
+  auto part_of = [&](int32_t c) {
+    return partials + plan.tasks[group.first_task + c].partial_offset;
+  };
   float out_row[4096];
   for (int64_t r = 0; r < rows; ++r) {
-    const MergedRow merged = MergeRowState(plan, group, rows, r, partials);
+    const MergedRow merged = MergeRowState(group.num_tasks, part_of, rows, r);
     const int64_t token = q_start + first.q_begin + (r % rows_per_head) / G;
     const int64_t head = (first.kv_head + r / rows_per_head) * G + r % G;
     const FinishedRow f =
@@ -122,13 +94,8 @@ void MergeGroupRows(const AttentionProblem& p, const Plan& plan, const MergeGrou
       const int64_t count = std::min<int64_t>(4096, p.head_dim - d0);
       std::fill(out_row, out_row + count, 0.0f);
       for (int32_t c = 0; c < group.num_tasks; ++c) {
-        const float* part = partials + plan.tasks[group.first_task + c].partial_offset;
-        // A chunk whose logits were all -inf has weight 0 (also when every
-        // chunk's were), but its acc is NaN where a V element is infinite
-        // (0 * inf), as in the reference.
-        const float w = merged.m == -std::numeric_limits<float>::infinity()
-                            ? 0.0f
-                            : std::exp(part[r] - merged.m);
+        const float* part = part_of(c);
+        const float w = MergeWeight(merged, part[r]);
         const float* acc = part + 2 * rows + r * dim_pad + d0;
         for (int64_t d = 0; d < count; ++d) out_row[d] += w * acc[d];
       }

@@ -9,6 +9,7 @@
 #include "rpa/kernels.h"
 #include "rpa/kv_cache.h"
 #include "rpa/merge.h"
+#include "rpa/mla.h"
 #include "rpa/options.h"
 #include "rpa/page_table.h"
 #include "rpa/plan.h"

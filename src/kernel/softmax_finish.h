@@ -14,7 +14,9 @@
 #ifndef RPA_SRC_KERNEL_SOFTMAX_FINISH_H_
 #define RPA_SRC_KERNEL_SOFTMAX_FINISH_H_
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace rpa::internal {
@@ -35,6 +37,45 @@ inline FinishedRow FinishRow(float m, float l, const float* sink, float v_scale)
   if (l == 0.0f) return {0.0f, -kInf};
   const float denominator = sink != nullptr ? l + std::exp(*sink - m) : l;
   return {v_scale / denominator, m + std::log(l)};
+}
+
+// The merged (m, l) of row r over the partials of a split row, each
+// [rows] m, [rows] l, then the accumulator rows, part_of(c) pointing at
+// partial c: m the largest partial maximum (NaN if any is), l the partials'
+// sums in that frame; l = -0 where no partial had a finite logit and one of
+// them marked the row NaN (l == -0 above).
+struct MergedRow {
+  float m = -std::numeric_limits<float>::infinity();
+  float l = 0.0f;
+};
+
+template <class PartOf>
+MergedRow MergeRowState(int32_t num_parts, const PartOf& part_of, int64_t rows, int64_t r) {
+  MergedRow merged;
+  bool nan_marked = false;
+  for (int32_t c = 0; c < num_parts; ++c) {
+    const float* part = part_of(c);
+    const float mc = part[r];
+    merged.m = std::isnan(mc) || std::isnan(merged.m) ? std::numeric_limits<float>::quiet_NaN()
+                                                      : std::max(merged.m, mc);
+    nan_marked = nan_marked || (part[rows + r] == 0.0f && std::signbit(part[rows + r]));
+  }
+  if (merged.m == -std::numeric_limits<float>::infinity()) {
+    merged.l = nan_marked ? -0.0f : 0.0f;
+    return merged;
+  }
+  for (int32_t c = 0; c < num_parts; ++c) {
+    const float* part = part_of(c);
+    merged.l += std::exp(part[r] - merged.m) * part[rows + r];
+  }
+  return merged;
+}
+
+// The weight of a partial whose maximum is m_c in the merged row: 0 where no
+// partial had a finite logit (its accumulator is still added: NaN where a V
+// element is infinite, 0 * inf, as in the reference).
+inline float MergeWeight(const MergedRow& merged, float m_c) {
+  return merged.m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m_c - merged.m);
 }
 
 }  // namespace rpa::internal
