@@ -160,6 +160,13 @@ void AttentionPlan::Run(const TensorView& q, const KVPages& kv, const MutableTen
   internal::RunPlanned(Planned(state_), internal::SplitRun(q, kv), out, extras);
 }
 
+void AttentionPlan::RunWithKVWrite(const TensorView& q, const TensorView& new_k,
+                                   const TensorView& new_v, const MutableTensorView& kv_pages,
+                                   const MutableTensorView& out, const RunExtras& extras) const {
+  internal::WriteThenRun(Planned(state_), internal::CombinedRun(q, kv_pages), {new_k, new_v}, out,
+                         extras);
+}
+
 bool AttentionPlan::planned() const { return state_ != nullptr; }
 
 AttentionShape AttentionPlan::shape() const {

@@ -1,5 +1,6 @@
 #include "rpa/kv_cache.h"
 
+#include "compute.h"
 #include "plan_state.h"
 #include "format.h"
 #include "validate_internal.h"
@@ -70,18 +71,34 @@ void CheckNewTokensFit(const AttentionProblem& p) {
   }
 }
 
-// Plans (validating everything, the metadata on the plan's copy), checks
-// the new rows, writes them where the plan's copy says, then runs the plan.
+}  // namespace
+
+namespace internal {
+
+void WriteThenRun(const PlanState& state, const RunInputs& run, const NewKvRows& rows,
+                  const MutableTensorView& out, const RunExtras& extras) {
+  AttentionProblem problem = state.problem;
+  BindRun(run, out, extras, state.layout, problem);
+  CheckNewRows(rows.new_k, "new_k", problem);
+  CheckNewRows(rows.new_v, "new_v", problem);
+  CheckNewTokensFit(problem);
+  WriteNewTokens(rows.new_k, rows.new_v, problem);
+  RunPlan(problem, state.tasks);
+}
+
+}  // namespace internal
+
+namespace {
+
+// Plans into the calling thread's state (validating everything, the
+// metadata on the plan's copy), then writes and runs.
 void WriteThenAttend(const internal::RaggedInputs& inputs, const internal::RunInputs& run,
                      const TensorView& new_k, const TensorView& new_v,
                      const AttentionOptions& options, const MutableTensorView& out) {
   internal::PlanState& state = internal::ThreadPlanState();
   internal::PlanCall(inputs, options, out, state);
-  CheckNewRows(new_k, "new_k", state.problem);
-  CheckNewRows(new_v, "new_v", state.problem);
-  CheckNewTokensFit(state.problem);
-  WriteNewTokens(new_k, new_v, state.problem);
-  internal::RunPlanned(state, run, out, RunExtras{options.sinks, options.lse, {}, {}});
+  internal::WriteThenRun(state, run, {new_k, new_v}, out,
+                         RunExtras{options.sinks, options.lse, {}, {}});
 }
 
 }  // namespace

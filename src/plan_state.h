@@ -44,6 +44,20 @@ void PlanCall(const RaggedInputs& inputs, const AttentionOptions& options,
 void RunPlanned(const PlanState& state, const RunInputs& inputs, const MutableTensorView& out,
                 const RunExtras& extras);
 
+// A step's new keys and values for the fused KV write (rpa/kv_cache.h):
+// [num_tokens, num_kv_heads, head_dim] each.
+struct NewKvRows {
+  TensorView new_k;
+  TensorView new_v;
+};
+
+// Binds one run's tensors against the plan as RunPlanned does, checks the
+// new rows, stores them into the run's cache at the plan's positions (each
+// sequence's last q_len), then computes: everything checked before the
+// first write (kv_cache.cc).
+void WriteThenRun(const PlanState& state, const RunInputs& run, const NewKvRows& rows,
+                  const MutableTensorView& out, const RunExtras& extras);
+
 // The calling thread's state for the one-call functions: reused call after
 // call, so a warm thread allocates nothing.
 PlanState& ThreadPlanState();

@@ -107,6 +107,14 @@ class AttentionPlan {
            const RunExtras& extras = {}) const;
   void Run(const TensorView& q, const KVPages& kv, const MutableTensorView& out,
            const RunExtras& extras = {}) const;
+  // Run with the fused KV write (rpa/kv_cache.h): stores the step's new
+  // keys and values, new_k / new_v [num_tokens, num_kv_heads, head_dim],
+  // at each sequence's last q_len positions of the planned page table, then
+  // attends; everything is checked before the first write. A serving step
+  // plans once and calls this for every layer.
+  void RunWithKVWrite(const TensorView& q, const TensorView& new_k, const TensorView& new_v,
+                      const MutableTensorView& kv_pages, const MutableTensorView& out,
+                      const RunExtras& extras = {}) const;
 
   bool planned() const;
   // The planned shape (num_tokens resolved), live sequences, threads,

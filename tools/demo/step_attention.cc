@@ -1,18 +1,19 @@
 #include "demo/step_attention.h"
 
-#include "rpa/kv_cache.h"
+#include "rpa/plan.h"
 
 namespace rpa::tools {
 
 void RunStepAttention(StepBatch& batch, LayerCaches& caches, const AttentionOptions& options) {
-  const PageTable table = batch.Table();  // Built once per step, shared by every layer.
-  // TODO(issue 17, plan/run API): plan once here, from `table`, the shapes
-  // and `options` (validation, block sizes, the task plan), and run that
-  // plan in the loop below; today every layer's call validates and plans
-  // again the same metadata.
+  // One plan per step (validation, block sizes, tasks) from the step's page
+  // table, run by every layer: the layers share the metadata and shapes.
+  // thread_local: the plan's storage is reused step after step.
+  thread_local AttentionPlan plan;
+  const TensorView cache0 = caches.Layer(0);
+  plan.Plan(ShapeOf(batch.Q(0), cache0), batch.Table(), options);
   for (int layer = 0; layer < batch.shape().layers; ++layer) {
-    RaggedPagedAttentionWithKVWrite(batch.Q(layer), batch.NewK(layer), batch.NewV(layer),
-                                    caches.Layer(layer), table, options, batch.Out(layer));
+    plan.RunWithKVWrite(batch.Q(layer), batch.NewK(layer), batch.NewV(layer), caches.Layer(layer),
+                        batch.Out(layer));
   }
 }
 

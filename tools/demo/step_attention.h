@@ -9,9 +9,9 @@
 
 namespace rpa::tools {
 
-// For every layer: writes the step's new K/V rows into the layer's cache
-// pages, then attends (RaggedPagedAttentionWithKVWrite), into
-// batch.Out(layer).
+// Plans the step once (AttentionPlan), then for every layer writes the
+// step's new K/V rows into the layer's cache pages and attends
+// (AttentionPlan::RunWithKVWrite), into batch.Out(layer).
 void RunStepAttention(StepBatch& batch, LayerCaches& caches, const AttentionOptions& options);
 
 }  // namespace rpa::tools
