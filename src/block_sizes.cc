@@ -1,8 +1,10 @@
-// Block-size choice: user table, shipped table, nearest entry, heuristic.
+// Block-size choice: tuned sections per CPU kind (the user's table, the
+// shipped one), nearest entry, heuristic.
 #include "rpa/block_sizes.h"
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +12,7 @@
 #include <limits>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <string_view>
 #include <vector>
 
@@ -24,7 +27,9 @@ namespace rpa {
 namespace internal {
 namespace {
 
-// The shipped table, tuned on the machine kind rpa is developed on
+using nlohmann::json;
+
+// The shipped table: a section per CPU kind rpa is developed on
 // (data/tuned_block_sizes.json, embedded at build time).
 constexpr std::string_view kShippedTable =
 #include "tuned_block_sizes.inc"
@@ -34,67 +39,246 @@ constexpr std::string_view kShippedTable =
 // a table cannot list every batch size and model length.
 int64_t Bucket(int64_t x) { return x <= 1 ? 1 : static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(x))); }
 
-std::string ReadFile(const std::string& path, bool& ok) {
-  std::ifstream file(path);
-  ok = static_cast<bool>(file);
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
+// ---- Reading a table: every malformed field is reported by its path
+// ("sections[1].entries[4].page_size"), so a hand-edited file can be fixed.
 
-struct Tables {
-  std::mutex mutex;
-  std::vector<TunedTable> tables;  // User table (if any) first, then the shipped one.
-  bool env_checked = false;
+struct TableError : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
-Tables& GlobalTables() {
-  static Tables* tables = [] {
-    auto* t = new Tables;
-    std::string error;
-    std::optional<TunedTable> shipped = ParseTunedTable(kShippedTable, "<shipped table>", error);
-    if (shipped) t->tables.push_back(std::move(*shipped));
-    return t;
-  }();
-  return *tables;
+std::string Field(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : StrCat(path, ".", key);
 }
 
-bool LoadUserTableLocked(Tables& tables, const std::string& path) {
-  tables.tables.erase(std::remove_if(tables.tables.begin(), tables.tables.end(),
-                                     [](const TunedTable& t) { return t.user; }),
-                      tables.tables.end());
-  if (path.empty()) return true;
-  bool readable = false;
-  const std::string text = ReadFile(path, readable);
-  std::string error = "cannot be read";
-  std::optional<TunedTable> table;
-  if (readable) table = ParseTunedTable(text, path, error);
-  if (!table) {
-    std::fprintf(stderr, "rpa: warning: ignoring tuned block-size table %s: %s\n", path.c_str(),
-                 error.c_str());
-    return false;
-  }
-  table->user = true;
-  tables.tables.insert(tables.tables.begin(), std::move(*table));
-  return true;
+std::string Element(const std::string& path, size_t index) {
+  return StrCat(path, "[", static_cast<int64_t>(index), "]");
 }
 
-void LoadEnvTableOnce(Tables& tables) {
-  if (tables.env_checked) return;
-  tables.env_checked = true;
-  if (const char* path = std::getenv("RPA_TUNED_BLOCK_SIZES"); path != nullptr && *path) {
-    LoadUserTableLocked(tables, path);
+// The value as JSON, shortened: what a message quotes of a bad field.
+std::string Shown(const json& value) {
+  const std::string text = value.dump();
+  return text.size() <= 40 ? text : text.substr(0, 37) + "...";
+}
+
+void RequireObject(const json& value, const std::string& path, std::string_view members) {
+  if (!value.is_object()) {
+    throw TableError(StrCat(path, " must be an object {", members, "}, got ", Shown(value)));
   }
 }
 
-int64_t CacheBytesFromSysfs(int index, int64_t fallback) {
-  std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
-  std::string text;
-  if (!(file >> text) || text.empty()) return fallback;
-  int64_t value = std::atoll(text.c_str());
-  if (text.back() == 'K') value *= 1024;
-  if (text.back() == 'M') value *= 1024 * 1024;
-  return value > 0 ? value : fallback;
+const json& Member(const json& object, const std::string& path, std::string_view key) {
+  const auto it = object.find(key);
+  if (it == object.end()) throw TableError(StrCat(Field(path, key), " is missing"));
+  return *it;
+}
+
+std::string ReadString(const json& object, const std::string& path, std::string_view key) {
+  const json& value = Member(object, path, key);
+  if (!value.is_string()) throw TableError(StrCat(Field(path, key), " must be a string, got ", Shown(value)));
+  return value.get<std::string>();
+}
+
+int64_t ReadInt(const json& object, const std::string& path, std::string_view key, int64_t min,
+                int64_t max = std::numeric_limits<int64_t>::max()) {
+  const json& value = Member(object, path, key);
+  // An unsigned value above int64's range would wrap into it.
+  const bool integer = value.is_number_integer() &&
+                       !(value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(max));
+  if (integer && value.get<int64_t>() >= min && value.get<int64_t>() <= max) return value.get<int64_t>();
+  const std::string range = max == std::numeric_limits<int64_t>::max()
+                                ? StrCat(">= ", min)
+                                : StrCat("in [", min, ", ", max, "]");
+  throw TableError(StrCat(Field(path, key), " must be an integer ", range, ", got ", Shown(value)));
+}
+
+const json& ReadArray(const json& object, const std::string& path, std::string_view key,
+                      std::string_view of) {
+  const json& value = Member(object, path, key);
+  if (!value.is_array()) {
+    throw TableError(StrCat(Field(path, key), " must be an array of ", of, ", got ", Shown(value)));
+  }
+  return value;
+}
+
+DType ReadDType(const json& object, const std::string& path, std::string_view key) {
+  const std::optional<DType> dtype = DTypeFromString(ReadString(object, path, key));
+  if (!dtype) {
+    throw TableError(StrCat(Field(path, key), " must name a dtype (\"bfloat16\", \"float32\", ...), got ",
+                            Shown(object.at(key))));
+  }
+  return *dtype;
+}
+
+// "YYYY-MM-DD" with a month in 1..12 and a day in 1..31.
+bool IsDate(std::string_view s) {
+  if (s.size() != 10 || s[4] != '-' || s[7] != '-') return false;
+  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9}) {
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+  }
+  const int month = (s[5] - '0') * 10 + (s[6] - '0'), day = (s[8] - '0') * 10 + (s[9] - '0');
+  return month >= 1 && month <= 12 && day >= 1 && day <= 31;
+}
+
+TunedEntry ParseEntry(const json& e, const std::string& path) {
+  RequireObject(e, path, "q_dtype, kv_dtype, num_q_heads, ..., num_queries_per_block");
+  TunedEntry entry;
+  BlockSizeConfig& c = entry.config;
+  c.q_dtype = ReadDType(e, path, "q_dtype");
+  c.kv_dtype = ReadDType(e, path, "kv_dtype");
+  c.num_q_heads = ReadInt(e, path, "num_q_heads", 1);
+  c.num_kv_heads = ReadInt(e, path, "num_kv_heads", 1);
+  c.head_dim = ReadInt(e, path, "head_dim", 1);
+  c.page_size = ReadInt(e, path, "page_size", 1);
+  c.max_num_batched_tokens = ReadInt(e, path, "max_num_batched_tokens", 1);
+  c.max_model_len = ReadInt(e, path, "max_model_len", 1);
+  entry.sizes.num_kv_pages_per_block = ReadInt(e, path, "num_kv_pages_per_block", 1);
+  entry.sizes.num_queries_per_block = ReadInt(e, path, "num_queries_per_block", 1);
+  return entry;
+}
+
+std::vector<TunedEntry> ParseEntries(const json& object, const std::string& path) {
+  const std::string at = Field(path, "entries");
+  std::vector<TunedEntry> entries;
+  const json& list = ReadArray(object, path, "entries", "entries");
+  for (size_t i = 0; i < list.size(); ++i) entries.push_back(ParseEntry(list[i], Element(at, i)));
+  return entries;
+}
+
+CpuInfo ParseCpu(const json& section, const std::string& path) {
+  const std::string at = Field(path, "cpu");
+  const json& cpu = Member(section, path, "cpu");
+  RequireObject(cpu, at, "vendor, model_name, family, model, features");
+  CpuInfo info;
+  info.vendor = ReadString(cpu, at, "vendor");
+  info.model_name = ReadString(cpu, at, "model_name");
+  // CPUID's display family and model fit in 8 bits each.
+  info.family = static_cast<int>(ReadInt(cpu, at, "family", 0, 255));
+  info.model = static_cast<int>(ReadInt(cpu, at, "model", 0, 255));
+  info.features = ReadString(cpu, at, "features");
+  return info;
+}
+
+TunedSection ParseSection(const json& s, const std::string& path) {
+  RequireObject(s, path, "cpu, measured, kernels, entries");
+  TunedSection section;
+  section.cpu = ParseCpu(s, path);
+  section.measured = ReadString(s, path, "measured");
+  if (!section.measured.empty() && !IsDate(section.measured)) {
+    throw TableError(StrCat(Field(path, "measured"),
+                            " must be a UTC date \"YYYY-MM-DD\" (or \"\": not known), got ",
+                            Shown(s.at("measured"))));
+  }
+  const json& kernels = ReadArray(s, path, "kernels", "strings");
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    if (!kernels[i].is_string()) {
+      throw TableError(StrCat(Element(Field(path, "kernels"), i), " must be a string, got ", Shown(kernels[i])));
+    }
+    section.kernels.push_back(kernels[i].get<std::string>());
+  }
+  section.entries = ParseEntries(s, path);
+  return section;
+}
+
+// One section per CPU kind: two would make the lookup depend on their order.
+void RequireDistinctCpus(const std::vector<TunedSection>& sections) {
+  for (size_t j = 0; j < sections.size(); ++j) {
+    for (size_t i = 0; i < j; ++i) {
+      if (MatchSection(sections[i].cpu, sections[j].cpu) != SectionMatch::kThisCpu) continue;
+      throw TableError(StrCat(Element("sections", j), ".cpu is the CPU of ", Element("sections", i),
+                              " (one section per CPU kind: vendor, family, model and features, "
+                              "or the model name where a vendor is missing)"));
+    }
+  }
+}
+
+TunedTable ParseTable(const json& root, const std::string& name) {
+  if (!root.is_object()) throw TableError(StrCat("the table must be a JSON object, got ", Shown(root)));
+  if (root.value("format", json()) != kTunedTableFormat) {
+    throw TableError(StrCat("format must be \"", kTunedTableFormat, "\""));
+  }
+  const json version = root.value("version", json());
+  TunedTable table;
+  table.name = name;
+  if (version == 1) {
+    // One table measured on the CPU of this model name.
+    TunedSection section;
+    section.cpu.model_name = ReadString(root, "", "cpu");
+    section.entries = ParseEntries(root, "");
+    table.sections.push_back(std::move(section));
+    return table;
+  }
+  if (version != kTunedTableVersion) {
+    throw TableError(StrCat("version must be 1 or ", kTunedTableVersion, ", got ", Shown(version)));
+  }
+  const json& sections = ReadArray(root, "", "sections", "sections {cpu, measured, kernels, entries}");
+  for (size_t i = 0; i < sections.size(); ++i) {
+    table.sections.push_back(ParseSection(sections[i], Element("sections", i)));
+  }
+  RequireDistinctCpus(table.sections);
+  return table;
+}
+
+// ---- The lookup.
+
+std::vector<std::string> FeatureSet(const std::string& features) {
+  std::vector<std::string> set;
+  std::istringstream words(features);
+  for (std::string word; words >> word;) set.push_back(word);
+  std::sort(set.begin(), set.end());
+  return set;
+}
+
+bool KnownByNameOnly(const CpuInfo& cpu) { return cpu.vendor.empty(); }
+
+std::string DescribeCpu(const CpuInfo& cpu) {
+  if (KnownByNameOnly(cpu)) return StrCat("\"", cpu.model_name, "\" (model name only)");
+  auto number = [](int n) { return n == 0 ? std::string("?") : std::to_string(n); };
+  return StrCat("\"", cpu.model_name, "\" (", cpu.vendor, " family ", number(cpu.family), " model ",
+                number(cpu.model), ", features ", cpu.features.empty() ? "none" : cpu.features, ")");
+}
+
+// Why a section of this rank was taken, for the explanation.
+std::string WhyChosen(SectionMatch match, const CpuInfo& section, const CpuInfo& cpu) {
+  switch (match) {
+    case SectionMatch::kThisCpu:
+      return KnownByNameOnly(section) || KnownByNameOnly(cpu)
+                 ? "this CPU's (the same model name)"
+                 : "this CPU's (the same vendor, family, model and dispatch features)";
+    case SectionMatch::kSameVendorAndFeatures:
+      return StrCat("not this CPU's; the nearest: the same vendor and dispatch features, another "
+                    "family/model (this CPU: family ", cpu.family, " model ", cpu.model, ")");
+    case SectionMatch::kSameVendor:
+      return StrCat("not this CPU's; the nearest: the same vendor, other dispatch features (this CPU: ",
+                    cpu.features.empty() ? "none" : cpu.features, ")");
+    case SectionMatch::kOther: break;
+  }
+  return StrCat("not this CPU's nor its vendor's (this CPU: ", DescribeCpu(cpu), ")");
+}
+
+struct RankedSection {
+  const TunedTable* table;
+  const TunedSection* section;
+  SectionMatch match;
+};
+
+// Best match first; within a rank the tables' order (the user's first),
+// then the file's.
+std::vector<RankedSection> RankSections(const std::vector<TunedTable>& tables, const CpuInfo& cpu) {
+  std::vector<RankedSection> ranked;
+  for (const TunedTable& table : tables) {
+    for (const TunedSection& section : table.sections) {
+      ranked.push_back({&table, &section, MatchSection(section.cpu, cpu)});
+    }
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const RankedSection& a, const RankedSection& b) { return a.match < b.match; });
+  return ranked;
+}
+
+std::string DescribeSection(const RankedSection& r, const CpuInfo& cpu) {
+  const TunedSection& s = *r.section;
+  return StrCat("section ", DescribeCpu(s.cpu), s.measured.empty() ? "" : ", measured " + s.measured,
+                ", of ", r.table->name, ", ", WhyChosen(r.match, s.cpu, cpu));
 }
 
 bool SameShape(const BlockSizeConfig& a, const BlockSizeConfig& b) {
@@ -126,74 +310,189 @@ std::string Describe(const BlockSizeConfig& c) {
                 ", max_model_len ", c.max_model_len, ")");
 }
 
+// The section's entry of the same key, else its nearest entry of the same
+// heads, head_dim and dtypes, which keeps its KV tile in tokens (not
+// pages), since the page size may differ; nullopt when it has neither.
+std::optional<BlockSizeChoice> ChooseInSection(const TunedSection& section, const BlockSizeConfig& config) {
+  for (const TunedEntry& entry : section.entries) {
+    if (!SameKey(entry.config, config)) continue;
+    return BlockSizeChoice{entry.sizes, BlockSizeSource::kTable,
+                           StrCat("tuned entry for ", Describe(entry.config))};
+  }
+  std::optional<BlockSizeChoice> choice;
+  double best = std::numeric_limits<double>::infinity();
+  for (const TunedEntry& entry : section.entries) {
+    if (!SameShape(entry.config, config)) continue;
+    const double distance = Distance(entry.config, config);
+    if (distance >= best) continue;
+    best = distance;
+    const int64_t tile_tokens = entry.sizes.num_kv_pages_per_block * entry.config.page_size;
+    BlockSizes sizes;
+    sizes.num_kv_pages_per_block = std::max<int64_t>(1, (tile_tokens + config.page_size / 2) / config.page_size);
+    sizes.num_queries_per_block = entry.sizes.num_queries_per_block;
+    choice = BlockSizeChoice{
+        sizes, BlockSizeSource::kNearest,
+        StrCat("nearest tuned entry, ", Describe(entry.config), " (", distance,
+               " octaves away): its KV tile of ", tile_tokens, " tokens = ", sizes.num_kv_pages_per_block,
+               " pages of ", config.page_size, ", ", sizes.num_queries_per_block, " queries")};
+  }
+  return choice;
+}
+
+struct Tables {
+  std::mutex mutex;
+  std::vector<TunedTable> tables;  // User table (if any) first, then the shipped one.
+  bool env_checked = false;
+};
+
+Tables& GlobalTables() {
+  static Tables* tables = [] {
+    auto* t = new Tables;
+    std::string error;
+    std::optional<TunedTable> shipped = ParseTunedTable(kShippedTable, "<shipped table>", error);
+    if (shipped) t->tables.push_back(std::move(*shipped));
+    return t;
+  }();
+  return *tables;
+}
+
+bool LoadUserTableLocked(Tables& tables, const std::string& path) {
+  tables.tables.erase(std::remove_if(tables.tables.begin(), tables.tables.end(),
+                                     [](const TunedTable& t) { return t.user; }),
+                      tables.tables.end());
+  if (path.empty()) return true;
+  std::string error;
+  std::optional<TunedTable> table = ReadTunedTable(path, error);
+  if (!table) {
+    std::fprintf(stderr, "rpa: warning: ignoring tuned block-size table %s: %s\n", path.c_str(),
+                 error.c_str());
+    return false;
+  }
+  table->user = true;
+  tables.tables.insert(tables.tables.begin(), std::move(*table));
+  return true;
+}
+
+void LoadEnvTableOnce(Tables& tables) {
+  if (tables.env_checked) return;
+  tables.env_checked = true;
+  if (const char* path = std::getenv("RPA_TUNED_BLOCK_SIZES"); path != nullptr && *path) {
+    LoadUserTableLocked(tables, path);
+  }
+}
+
+int64_t CacheBytesFromSysfs(int index, int64_t fallback) {
+  std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+  std::string text;
+  if (!(file >> text) || text.empty()) return fallback;
+  int64_t value = std::atoll(text.c_str());
+  if (text.back() == 'K') value *= 1024;
+  if (text.back() == 'M') value *= 1024 * 1024;
+  return value > 0 ? value : fallback;
+}
+
 }  // namespace
 
 std::optional<TunedTable> ParseTunedTable(std::string_view text, const std::string& name,
                                           std::string& error) {
   try {
-    const nlohmann::json json = nlohmann::json::parse(text);
-    if (json.value("format", "") != kTunedTableFormat) {
-      error = StrCat("\"format\" must be \"", kTunedTableFormat, "\"");
-      return std::nullopt;
-    }
-    if (json.value("version", 0) != kTunedTableVersion) {
-      error = StrCat("\"version\" must be ", kTunedTableVersion);
-      return std::nullopt;
-    }
-    TunedTable table;
-    table.name = name;
-    table.cpu = json.value("cpu", "");
-    for (const nlohmann::json& e : json.at("entries")) {
-      TunedEntry entry;
-      const auto q = DTypeFromString(e.at("q_dtype").get<std::string>());
-      const auto kv = DTypeFromString(e.at("kv_dtype").get<std::string>());
-      if (!q || !kv) {
-        error = "unknown dtype in an entry";
-        return std::nullopt;
-      }
-      entry.config.q_dtype = *q;
-      entry.config.kv_dtype = *kv;
-      entry.config.num_q_heads = e.at("num_q_heads").get<int64_t>();
-      entry.config.num_kv_heads = e.at("num_kv_heads").get<int64_t>();
-      entry.config.head_dim = e.at("head_dim").get<int64_t>();
-      entry.config.page_size = e.at("page_size").get<int64_t>();
-      entry.config.max_num_batched_tokens = e.at("max_num_batched_tokens").get<int64_t>();
-      entry.config.max_model_len = e.at("max_model_len").get<int64_t>();
-      entry.sizes.num_kv_pages_per_block = e.at("num_kv_pages_per_block").get<int64_t>();
-      entry.sizes.num_queries_per_block = e.at("num_queries_per_block").get<int64_t>();
-      if (entry.config.page_size < 1 || entry.sizes.num_kv_pages_per_block < 1 ||
-          entry.sizes.num_queries_per_block < 1) {
-        error = "an entry has a page_size or block size below 1";
-        return std::nullopt;
-      }
-      table.entries.push_back(entry);
-    }
-    return table;
-  } catch (const nlohmann::json::exception& e) {
+    return ParseTable(json::parse(text), name);
+  } catch (const TableError& e) {
     error = e.what();
+  } catch (const json::exception& e) {
+    error = e.what();  // Not JSON: the parser's message says where.
+  }
+  return std::nullopt;
+}
+
+std::optional<TunedTable> ReadTunedTable(const std::string& path, std::string& error) {
+  std::ifstream file(path);
+  if (!file) {
+    error = "cannot be read";
     return std::nullopt;
   }
+  std::stringstream text;
+  text << file.rdbuf();
+  return ParseTunedTable(text.str(), path, error);
 }
 
 std::string SerializeTunedTable(const TunedTable& table) {
-  nlohmann::json json;
-  json["format"] = kTunedTableFormat;
-  json["version"] = kTunedTableVersion;
-  json["cpu"] = table.cpu;
-  json["entries"] = nlohmann::json::array();
-  for (const TunedEntry& e : table.entries) {
-    json["entries"].push_back({{"q_dtype", ToString(e.config.q_dtype)},
-                               {"kv_dtype", ToString(e.config.kv_dtype)},
-                               {"num_q_heads", e.config.num_q_heads},
-                               {"num_kv_heads", e.config.num_kv_heads},
-                               {"head_dim", e.config.head_dim},
-                               {"page_size", e.config.page_size},
-                               {"max_num_batched_tokens", e.config.max_num_batched_tokens},
-                               {"max_model_len", e.config.max_model_len},
-                               {"num_kv_pages_per_block", e.sizes.num_kv_pages_per_block},
-                               {"num_queries_per_block", e.sizes.num_queries_per_block}});
+  // Ordered: a person reads each section's CPU, date and kernels first.
+  nlohmann::ordered_json root;
+  root["format"] = kTunedTableFormat;
+  root["version"] = kTunedTableVersion;
+  root["sections"] = nlohmann::ordered_json::array();
+  for (const TunedSection& s : table.sections) {
+    nlohmann::ordered_json section;
+    section["cpu"] = {{"vendor", s.cpu.vendor},
+                      {"model_name", s.cpu.model_name},
+                      {"family", s.cpu.family},
+                      {"model", s.cpu.model},
+                      {"features", s.cpu.features}};
+    section["measured"] = s.measured;
+    section["kernels"] = s.kernels;
+    section["entries"] = nlohmann::ordered_json::array();
+    for (const TunedEntry& e : s.entries) {
+      section["entries"].push_back({{"q_dtype", ToString(e.config.q_dtype)},
+                                    {"kv_dtype", ToString(e.config.kv_dtype)},
+                                    {"num_q_heads", e.config.num_q_heads},
+                                    {"num_kv_heads", e.config.num_kv_heads},
+                                    {"head_dim", e.config.head_dim},
+                                    {"page_size", e.config.page_size},
+                                    {"max_num_batched_tokens", e.config.max_num_batched_tokens},
+                                    {"max_model_len", e.config.max_model_len},
+                                    {"num_kv_pages_per_block", e.sizes.num_kv_pages_per_block},
+                                    {"num_queries_per_block", e.sizes.num_queries_per_block}});
+    }
+    root["sections"].push_back(std::move(section));
   }
-  return json.dump(2) + "\n";
+  return root.dump(2) + "\n";
+}
+
+SectionMatch MatchSection(const CpuInfo& section, const CpuInfo& cpu) {
+  // Without a vendor on either side the model name is all there is to go by.
+  if (KnownByNameOnly(section) || KnownByNameOnly(cpu)) {
+    return section.model_name == cpu.model_name ? SectionMatch::kThisCpu : SectionMatch::kOther;
+  }
+  if (section.vendor != cpu.vendor) return SectionMatch::kOther;
+  if (FeatureSet(section.features) != FeatureSet(cpu.features)) return SectionMatch::kSameVendor;
+  return section.family == cpu.family && section.model == cpu.model ? SectionMatch::kThisCpu
+                                                                    : SectionMatch::kSameVendorAndFeatures;
+}
+
+bool PutSection(TunedTable& table, TunedSection section) {
+  auto same_cpu = [&](const TunedSection& s) { return MatchSection(s.cpu, section.cpu) == SectionMatch::kThisCpu; };
+  // Every section of this CPU goes (a name-only one and a CPUID one may
+  // both match it); the new one takes the first one's place.
+  const auto first = std::find_if(table.sections.begin(), table.sections.end(), same_cpu);
+  const bool replaced = first != table.sections.end();
+  const auto position = first - table.sections.begin();
+  std::erase_if(table.sections, same_cpu);
+  table.sections.insert(table.sections.begin() + position, std::move(section));
+  return replaced;
+}
+
+std::optional<TableChoice> ChooseFromTables(const std::vector<TunedTable>& tables,
+                                            const BlockSizeConfig& config, const CpuInfo& cpu) {
+  std::string passed_over;
+  for (const RankedSection& ranked : RankSections(tables, cpu)) {
+    const std::string section = DescribeSection(ranked, cpu);
+    std::optional<BlockSizeChoice> choice = ChooseInSection(*ranked.section, config);
+    if (!choice) {
+      passed_over += StrCat("; passed over ", section, ": no entry of these dtypes, heads and head_dim");
+      continue;
+    }
+    choice->explanation += StrCat(" in ", section, passed_over);
+    return TableChoice{std::move(*choice), section};
+  }
+  return std::nullopt;
+}
+
+std::optional<TableChoice> ChooseFromLoadedTables(const BlockSizeConfig& config) {
+  Tables& tables = GlobalTables();
+  std::lock_guard<std::mutex> lock(tables.mutex);
+  LoadEnvTableOnce(tables);
+  return ChooseFromTables(tables.tables, config, ThisCpuInfo());
 }
 
 CacheSizes ThisCpuCaches() {
@@ -282,57 +581,9 @@ const char* ToString(BlockSizeSource source) {
 
 BlockSizeChoice ChooseBlockSizes(const BlockSizeConfig& config,
                                  std::optional<int64_t> vmem_limit_bytes) {
-  using internal::StrCat;
-  internal::Tables& tables = internal::GlobalTables();
-  BlockSizeChoice choice;
-  bool found = false;
-  {
-    std::lock_guard<std::mutex> lock(tables.mutex);
-    internal::LoadEnvTableOnce(tables);
-    const std::string this_cpu = CpuModelName();
-    // Exact key: tables measured on this CPU first, then the others.
-    for (int pass = 0; pass < 2 && !found; ++pass) {
-      for (const internal::TunedTable& table : tables.tables) {
-        if ((table.cpu == this_cpu) != (pass == 0)) continue;
-        for (const internal::TunedEntry& entry : table.entries) {
-          if (!internal::SameKey(entry.config, config)) continue;
-          choice.sizes = entry.sizes;
-          choice.source = BlockSizeSource::kTable;
-          choice.explanation =
-              StrCat("tuned entry of ", table.name, " (measured on ", table.cpu.empty() ? "?" : table.cpu,
-                     pass == 0 ? "" : ", not this CPU", ") for ", internal::Describe(entry.config));
-          found = true;
-          break;
-        }
-        if (found) break;
-      }
-    }
-    // Nearest entry of the same heads, head_dim and dtypes: keep its KV tile
-    // in tokens (not pages), since the page size may differ.
-    if (!found) {
-      double best = std::numeric_limits<double>::infinity();
-      for (const internal::TunedTable& table : tables.tables) {
-        for (const internal::TunedEntry& entry : table.entries) {
-          if (!internal::SameShape(entry.config, config)) continue;
-          const double distance = internal::Distance(entry.config, config);
-          if (distance >= best) continue;
-          best = distance;
-          const int64_t tile_tokens = entry.sizes.num_kv_pages_per_block * entry.config.page_size;
-          choice.sizes.num_kv_pages_per_block =
-              std::max<int64_t>(1, (tile_tokens + config.page_size / 2) / config.page_size);
-          choice.sizes.num_queries_per_block = entry.sizes.num_queries_per_block;
-          choice.source = BlockSizeSource::kNearest;
-          choice.explanation = StrCat(
-              "nearest tuned entry of ", table.name, ", ", internal::Describe(entry.config),
-              " (", distance, " octaves away): its KV tile of ", tile_tokens, " tokens = ",
-              choice.sizes.num_kv_pages_per_block, " pages of ", config.page_size, ", ",
-              choice.sizes.num_queries_per_block, " queries");
-          found = true;
-        }
-      }
-    }
-  }
-  if (!found) choice = internal::HeuristicBlockSizes(config, internal::ThisCpuCaches());
+  std::optional<internal::TableChoice> tuned = internal::ChooseFromLoadedTables(config);
+  BlockSizeChoice choice = tuned ? std::move(tuned->choice)
+                                 : internal::HeuristicBlockSizes(config, internal::ThisCpuCaches());
   choice.sizes = internal::FitBlockSizes(config, choice.sizes, vmem_limit_bytes, choice.explanation);
   return choice;
 }

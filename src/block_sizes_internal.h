@@ -1,4 +1,5 @@
-// The tuned-table format and the heuristic, for rpa tune and the tests.
+// The tuned-table format, its lookup and the heuristic, for rpa tune and the
+// tests (docs/block_sizes.md).
 #ifndef RPA_SRC_BLOCK_SIZES_INTERNAL_H_
 #define RPA_SRC_BLOCK_SIZES_INTERNAL_H_
 
@@ -9,32 +10,82 @@
 #include <vector>
 
 #include "rpa/block_sizes.h"
+#include "rpa/kernels.h"
 
 namespace rpa::internal {
 
 inline constexpr const char* kTunedTableFormat = "rpa-tuned-block-sizes";
-inline constexpr int kTunedTableVersion = 1;
+// Written: sections per CPU kind. Version 1 (one table, its CPU a model
+// name) is still read, as one section known by that name only.
+inline constexpr int kTunedTableVersion = 2;
 
 struct TunedEntry {
   BlockSizeConfig config;
   BlockSizes sizes;
 };
 
-struct TunedTable {
-  std::string name;  // File path, or "<shipped table>".
-  std::string cpu;   // CpuModelName() of the machine it was measured on.
-  bool user = false;
+// What one CPU kind measured. A cpu.vendor of "" means the CPU is known by
+// its model name only (a version-1 file's section, or a CPU off x86-64);
+// family and model 0 mean not known.
+struct TunedSection {
+  CpuInfo cpu;
+  std::string measured;              // UTC date "YYYY-MM-DD"; "" when not known.
+  std::vector<std::string> kernels;  // DescribeKernels' lines when it was tuned; empty when not known.
   std::vector<TunedEntry> entries;
 };
 
-// JSON: {"format": "rpa-tuned-block-sizes", "version": 1, "cpu": "...",
-//        "entries": [{"q_dtype", "kv_dtype", "num_q_heads", "num_kv_heads",
-//                     "head_dim", "page_size", "max_num_batched_tokens",
-//                     "max_model_len", "num_kv_pages_per_block",
-//                     "num_queries_per_block"}, ...]}
+struct TunedTable {
+  std::string name;  // File path, or "<shipped table>".
+  bool user = false;
+  std::vector<TunedSection> sections;  // One per CPU kind.
+};
+
+// Version 2 JSON:
+//   {"format": "rpa-tuned-block-sizes", "version": 2, "sections": [
+//     {"cpu": {"vendor", "model_name", "family", "model", "features"},
+//      "measured": "YYYY-MM-DD", "kernels": ["...", ...],
+//      "entries": [{"q_dtype", "kv_dtype", "num_q_heads", "num_kv_heads",
+//                   "head_dim", "page_size", "max_num_batched_tokens",
+//                   "max_model_len", "num_kv_pages_per_block",
+//                   "num_queries_per_block"}, ...]}, ...]}
+// Version 1: {"format", "version": 1, "cpu": "<model name>", "entries": [...]}.
+// A malformed table gives nullopt and an error naming the field
+// ("sections[1].cpu.family must be an integer >= 0, got \"6\"").
 std::optional<TunedTable> ParseTunedTable(std::string_view text, const std::string& name,
                                           std::string& error);
+// Reads and parses a file; an error says when it cannot be read.
+std::optional<TunedTable> ReadTunedTable(const std::string& path, std::string& error);
+// Always the current version.
 std::string SerializeTunedTable(const TunedTable& table);
+
+// How a section's CPU relates to this one, best first (the lookup's order).
+enum class SectionMatch {
+  kThisCpu,                // Same vendor, family, model and features (by name: same model name).
+  kSameVendorAndFeatures,  // Another family or model with the features dispatch reads.
+  kSameVendor,             // Other dispatch features.
+  kOther,                  // Another vendor, or another name where a vendor is missing.
+};
+SectionMatch MatchSection(const CpuInfo& section, const CpuInfo& cpu);
+
+// rpa tune's update: `section` replaces the one of its own CPU (kThisCpu),
+// in place, or is appended; the other sections stay. Returns whether one
+// was replaced.
+bool PutSection(TunedTable& table, TunedSection section);
+
+// A choice from the tables, with the section it came from and why that one
+// ("section \"AMD EPYC\" (...) of <shipped table>, this CPU's: ...").
+struct TableChoice {
+  BlockSizeChoice choice;
+  std::string section;
+};
+// The lookup for `cpu`: sections ranked by MatchSection (the user's table
+// first within a rank, then file order); the first with an entry of the
+// same dtypes, heads and head_dim answers, by its entry of the same key,
+// else its nearest entry. nullopt when no section has such an entry.
+std::optional<TableChoice> ChooseFromTables(const std::vector<TunedTable>& tables,
+                                            const BlockSizeConfig& config, const CpuInfo& cpu);
+// The same over the tables in use (user, shipped) for this CPU.
+std::optional<TableChoice> ChooseFromLoadedTables(const BlockSizeConfig& config);
 
 struct CacheSizes {
   int64_t l1d_bytes = 0;

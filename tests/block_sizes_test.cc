@@ -4,11 +4,17 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "block_sizes_internal.h"
 #include "rpa/rpa.h"
 #include "rpa/block_sizes.h"
+#include "rpa/kernels.h"
 
 namespace rpa {
 namespace {
@@ -83,8 +89,9 @@ TEST_F(BlockSizeChoiceTest, VmemLimitShrinksTheChoice) {
 
 std::string TableJson(const std::string& cpu, int64_t pages, int64_t queries) {
   internal::TunedTable table;
-  table.cpu = cpu;
-  table.entries.push_back({Llama(16, 256), {pages, queries}});
+  table.sections.resize(1);  // Known by its model name only.
+  table.sections[0].cpu.model_name = cpu;
+  table.sections[0].entries.push_back({Llama(16, 256), {pages, queries}});
   return internal::SerializeTunedTable(table);
 }
 
@@ -147,6 +154,290 @@ TEST_F(BlockSizeChoiceTest, HeuristicFollowsTheCacheSize) {
   const BlockSizeChoice large = internal::HeuristicBlockSizes(Llama(16, 256), {48 * 1024, 2 * 1024 * 1024});
   EXPECT_LT(small.sizes.num_kv_pages_per_block, large.sizes.num_kv_pages_per_block);
   EXPECT_NE(small.explanation.find("262144"), std::string::npos) << small.explanation;
+}
+
+// ---- Sections per CPU kind.
+
+CpuInfo Cpu(const std::string& vendor, int family, int model, const std::string& features,
+            const std::string& name = "A CPU") {
+  CpuInfo cpu;
+  cpu.vendor = vendor;
+  cpu.model_name = name;
+  cpu.family = family;
+  cpu.model = model;
+  cpu.features = features;
+  return cpu;
+}
+
+const CpuInfo kZen4 = Cpu("AuthenticAMD", 25, 17, "avx512bw avx512bf16 fast-bf16-dot", "AMD EPYC");
+const CpuInfo kSapphire = Cpu("GenuineIntel", 6, 143, "avx512bw avx512fp16 avx512bf16 amx-bf16", "Xeon");
+
+// A section of `cpu` whose one entry (the Llama(16, 256) key) says `pages`.
+internal::TunedSection Section(const CpuInfo& cpu, int64_t pages) {
+  internal::TunedSection section;
+  section.cpu = cpu;
+  section.measured = "2026-12-02";
+  section.kernels = {"decode: test"};
+  section.entries.push_back({Llama(16, 256), {pages, 16}});
+  return section;
+}
+
+internal::TunedTable Table(const std::string& name, std::vector<internal::TunedSection> sections) {
+  return {.name = name, .user = false, .sections = std::move(sections)};
+}
+
+// The chosen entry's pages (each section's differ) and the explanation.
+std::pair<int64_t, std::string> Lookup(const std::vector<internal::TunedTable>& tables, const CpuInfo& cpu,
+                                       const BlockSizeConfig& config = Llama(16, 256)) {
+  const std::optional<internal::TableChoice> chosen = internal::ChooseFromTables(tables, config, cpu);
+  if (!chosen) return {0, "none"};
+  EXPECT_NE(chosen->choice.explanation.find(chosen->section), std::string::npos);
+  return {chosen->choice.sizes.num_kv_pages_per_block, chosen->choice.explanation};
+}
+
+TEST(SectionMatchTest, RanksVendorFamilyModelAndFeatures) {
+  using internal::MatchSection;
+  using internal::SectionMatch;
+  EXPECT_EQ(MatchSection(kZen4, kZen4), SectionMatch::kThisCpu);
+  // Features compare as a set.
+  EXPECT_EQ(MatchSection(Cpu("AuthenticAMD", 25, 17, "fast-bf16-dot avx512bf16 avx512bw"), kZen4),
+            SectionMatch::kThisCpu);
+  EXPECT_EQ(MatchSection(Cpu("AuthenticAMD", 26, 2, kZen4.features), kZen4), SectionMatch::kSameVendorAndFeatures);
+  EXPECT_EQ(MatchSection(Cpu("AuthenticAMD", 25, 17, "avx512bw"), kZen4), SectionMatch::kSameVendor);
+  EXPECT_EQ(MatchSection(Cpu("GenuineIntel", 25, 17, kZen4.features), kZen4), SectionMatch::kOther);
+  // Without a vendor on either side: the model name alone.
+  EXPECT_EQ(MatchSection(Cpu("", 0, 0, "", "AMD EPYC"), kZen4), SectionMatch::kThisCpu);
+  EXPECT_EQ(MatchSection(Cpu("", 0, 0, "", "AMD EPYC 9R14"), kZen4), SectionMatch::kOther);
+  EXPECT_EQ(MatchSection(kZen4, Cpu("", 0, 0, "none", "AMD EPYC")), SectionMatch::kThisCpu);
+}
+
+TEST(SectionLookupTest, ThisCpusSectionFirst) {
+  const std::vector<internal::TunedTable> tables = {
+      Table("t.json", {Section(kSapphire, 1), Section(kZen4, 2)})};
+  const auto [pages, why] = Lookup(tables, kZen4);
+  EXPECT_EQ(pages, 2);
+  EXPECT_NE(why.find("\"AMD EPYC\" (AuthenticAMD family 25 model 17"), std::string::npos) << why;
+  EXPECT_NE(why.find("measured 2026-12-02, of t.json, this CPU's (the same vendor, family, model"),
+            std::string::npos) << why;
+  EXPECT_EQ(Lookup(tables, kSapphire).first, 1);
+}
+
+TEST(SectionLookupTest, NearestIsSameVendorAndFeaturesThenSameVendorThenAny) {
+  const CpuInfo zen5 = Cpu("AuthenticAMD", 26, 2, kZen4.features);
+  const CpuInfo amd_other = Cpu("AuthenticAMD", 25, 1, "avx512bw");
+  const CpuInfo other_vendor = Cpu("HygonGenuine", 24, 1, kZen4.features);
+  // Each rule against a section placed before the one it must prefer.
+  const std::vector<internal::TunedTable> tables = {
+      Table("t.json", {Section(kSapphire, 1), Section(amd_other, 3), Section(kZen4, 2)})};
+  const auto [zen5_pages, zen5_why] = Lookup(tables, zen5);
+  EXPECT_EQ(zen5_pages, 2);
+  EXPECT_NE(zen5_why.find("not this CPU's; the nearest: the same vendor and dispatch features, another "
+                          "family/model (this CPU: family 26 model 2)"),
+            std::string::npos) << zen5_why;
+  const auto [amd_pages, amd_why] = Lookup(tables, Cpu("AuthenticAMD", 25, 97, "avx512bw avx512bf16"));
+  EXPECT_EQ(amd_pages, 3);
+  EXPECT_NE(amd_why.find("the same vendor, other dispatch features (this CPU: avx512bw avx512bf16)"),
+            std::string::npos) << amd_why;
+  const auto [any_pages, any_why] = Lookup(tables, other_vendor);
+  EXPECT_EQ(any_pages, 1);
+  EXPECT_NE(any_why.find("not this CPU's nor its vendor's (this CPU: \"A CPU\" (HygonGenuine"),
+            std::string::npos) << any_why;
+}
+
+TEST(SectionLookupTest, UserTableFirstWithinARankButARankBeforeTheUser) {
+  internal::TunedTable user = Table("user.json", {Section(kSapphire, 4)});
+  user.user = true;
+  const internal::TunedTable shipped = Table("<shipped table>", {Section(kZen4, 2)});
+  // This CPU's shipped section beats the user's section of another CPU...
+  EXPECT_EQ(Lookup({user, shipped}, kZen4).first, 2);
+  // ...and the user's section of this CPU beats the shipped one.
+  user.sections.push_back(Section(kZen4, 5));
+  const auto [pages, why] = Lookup({user, shipped}, kZen4);
+  EXPECT_EQ(pages, 5);
+  EXPECT_NE(why.find("of user.json, this CPU's"), std::string::npos) << why;
+}
+
+TEST(SectionLookupTest, SectionWithoutTheShapeIsPassedOverAndSaysSo) {
+  internal::TunedSection gemma_only = Section(kZen4, 2);
+  gemma_only.entries[0].config.head_dim = 256;
+  const std::vector<internal::TunedTable> tables = {Table("t.json", {gemma_only, Section(kSapphire, 1)})};
+  const auto [pages, why] = Lookup(tables, kZen4);
+  EXPECT_EQ(pages, 1);
+  EXPECT_NE(why.find("passed over section \"AMD EPYC\""), std::string::npos) << why;
+  EXPECT_NE(why.find("no entry of these dtypes, heads and head_dim"), std::string::npos) << why;
+  BlockSizeConfig unknown = Llama(16, 256);
+  unknown.head_dim = 64;
+  EXPECT_FALSE(internal::ChooseFromTables(tables, unknown, kZen4));
+}
+
+TEST(SectionLookupTest, ThisCpusNearestEntryBeatsAnotherCpusExactOne) {
+  // 8 pages of 16 on this CPU = 2 pages of 64; the other CPU tuned page 64.
+  internal::TunedSection other = Section(kSapphire, 7);
+  other.entries[0].config = Llama(64, 64);
+  const std::vector<internal::TunedTable> tables = {Table("t.json", {other, Section(kZen4, 8)})};
+  const std::optional<internal::TableChoice> chosen = internal::ChooseFromTables(tables, Llama(64, 64), kZen4);
+  ASSERT_TRUE(chosen);
+  EXPECT_EQ(chosen->choice.source, BlockSizeSource::kNearest);
+  EXPECT_EQ(chosen->choice.sizes.num_kv_pages_per_block, 2);
+}
+
+TEST_F(BlockSizeChoiceTest, UserSectionOfThisCpuIsTakenAndNamed) {
+  ASSERT_TRUE(LoadTunedBlockSizes(WriteFile(
+      "this_cpu.json", internal::SerializeTunedTable(Table("", {Section(ThisCpuInfo(), 6)})))));
+  const BlockSizeChoice choice = ChooseBlockSizes(Llama(16, 256));
+  EXPECT_EQ(choice.source, BlockSizeSource::kTable);
+  EXPECT_EQ(choice.sizes.num_kv_pages_per_block, 6);
+  EXPECT_NE(choice.explanation.find("this_cpu.json, this CPU's"), std::string::npos) << choice.explanation;
+}
+
+TEST_F(BlockSizeChoiceTest, ShippedTableAnswersThePresets) {
+  // llama3-8b decode as rpa tune keys it: whichever section this CPU takes
+  // holds it.
+  BlockSizeConfig decode = Llama(16, 256);
+  decode.max_num_batched_tokens = 16;
+  const BlockSizeChoice choice = ChooseBlockSizes(decode);
+  EXPECT_EQ(choice.source, BlockSizeSource::kTable);
+  EXPECT_NE(choice.explanation.find("of <shipped table>"), std::string::npos) << choice.explanation;
+}
+
+constexpr const char* kVersion1 = R"({"format": "rpa-tuned-block-sizes", "version": 1, "cpu": "Old CPU",
+  "entries": [{"q_dtype": "bfloat16", "kv_dtype": "bfloat16", "num_q_heads": 32, "num_kv_heads": 8,
+               "head_dim": 128, "page_size": 16, "max_num_batched_tokens": 512,
+               "max_model_len": 4096, "num_kv_pages_per_block": 9, "num_queries_per_block": 32}]})";
+
+TEST(TunedTableTest, Version1IsOneSectionKnownByItsModelName) {
+  std::string error;
+  const std::optional<internal::TunedTable> table = internal::ParseTunedTable(kVersion1, "v1.json", error);
+  ASSERT_TRUE(table) << error;
+  ASSERT_EQ(table->sections.size(), 1u);
+  const internal::TunedSection& section = table->sections[0];
+  EXPECT_EQ(section.cpu.model_name, "Old CPU");
+  EXPECT_EQ(section.cpu.vendor, "");
+  EXPECT_EQ(section.measured, "");
+  EXPECT_TRUE(section.kernels.empty());
+  ASSERT_EQ(section.entries.size(), 1u);
+  EXPECT_EQ(section.entries[0].sizes, (BlockSizes{9, 32}));
+  const auto [pages, why] = Lookup({*table}, Cpu("GenuineIntel", 6, 85, "avx512bw", "Old CPU"));
+  EXPECT_EQ(pages, 9);
+  EXPECT_NE(why.find("\"Old CPU\" (model name only), of v1.json, this CPU's (the same model name)"),
+            std::string::npos) << why;
+  // Written back as the current version, the section keeps what it knew.
+  const std::optional<internal::TunedTable> again =
+      internal::ParseTunedTable(internal::SerializeTunedTable(*table), "v2.json", error);
+  ASSERT_TRUE(again) << error;
+  EXPECT_EQ(again->sections[0].cpu.model_name, "Old CPU");
+  EXPECT_EQ(again->sections[0].entries[0].sizes, (BlockSizes{9, 32}));
+}
+
+TEST(TunedTableTest, TunesUpdateKeepsTheOtherSections) {
+  const CpuInfo zen5 = Cpu("AuthenticAMD", 26, 2, kZen4.features, "AMD EPYC 9005");
+  internal::TunedTable table = Table("t.json", {Section(kSapphire, 1), Section(kZen4, 2), Section(zen5, 3)});
+  std::string error;
+  // Through the file format, as rpa tune reads and writes it.
+  table = *internal::ParseTunedTable(internal::SerializeTunedTable(table), "t.json", error);
+  EXPECT_TRUE(internal::PutSection(table, Section(kZen4, 20)));
+  EXPECT_FALSE(internal::PutSection(table, Section(Cpu("HygonGenuine", 24, 1, "none"), 30)));
+  const std::optional<internal::TunedTable> written =
+      internal::ParseTunedTable(internal::SerializeTunedTable(table), "t.json", error);
+  ASSERT_TRUE(written) << error;
+  std::vector<int64_t> pages;
+  for (const internal::TunedSection& s : written->sections) pages.push_back(s.entries[0].sizes.num_kv_pages_per_block);
+  EXPECT_EQ(pages, (std::vector<int64_t>{1, 20, 3, 30}));
+  EXPECT_EQ(written->sections[0].cpu.model, 143);
+  EXPECT_EQ(written->sections[0].measured, "2026-12-02");
+  EXPECT_EQ(written->sections[0].kernels, (std::vector<std::string>{"decode: test"}));
+}
+
+TEST(TunedTableTest, TuneReplacesAVersion1SectionOfThisCpusName) {
+  std::string error;
+  internal::TunedTable table = *internal::ParseTunedTable(kVersion1, "v1.json", error);
+  table.sections.push_back(Section(Cpu("AuthenticAMD", 25, 17, kZen4.features, "Other name"), 2));
+  // This CPU: the v1 section's model name and the second section's CPUID.
+  EXPECT_TRUE(internal::PutSection(table, Section(Cpu("AuthenticAMD", 25, 17, kZen4.features, "Old CPU"), 5)));
+  ASSERT_EQ(table.sections.size(), 1u);
+  EXPECT_EQ(table.sections[0].entries[0].sizes.num_kv_pages_per_block, 5);
+}
+
+// A valid version-2 table with one section, as JSON to break field by field.
+nlohmann::json ValidTable() {
+  return nlohmann::json::parse(internal::SerializeTunedTable(Table("", {Section(kZen4, 2)})));
+}
+
+TEST(TunedTableTest, MalformedSectionsAreRejectedNamingTheField) {
+  struct Case {
+    const char* pointer;  // The field to replace (or remove, for a null value).
+    nlohmann::json value;
+    const char* message;
+  };
+  const nlohmann::json missing;  // null: remove the field.
+  const std::vector<Case> cases = {
+      {"/version", 3, "version must be 1 or 2, got 3"},
+      {"/format", "x", "format must be \"rpa-tuned-block-sizes\""},
+      {"/sections", missing, "sections is missing"},
+      {"/sections", "x", "sections must be an array of sections {cpu, measured, kernels, entries}, got \"x\""},
+      {"/sections/0", 7, "sections[0] must be an object {cpu, measured, kernels, entries}, got 7"},
+      {"/sections/0/cpu", missing, "sections[0].cpu is missing"},
+      {"/sections/0/cpu", "Zen", "sections[0].cpu must be an object {vendor, model_name, family, model, features}, got \"Zen\""},
+      {"/sections/0/cpu/vendor", 3, "sections[0].cpu.vendor must be a string, got 3"},
+      {"/sections/0/cpu/model_name", missing, "sections[0].cpu.model_name is missing"},
+      {"/sections/0/cpu/family", -1, "sections[0].cpu.family must be an integer in [0, 255], got -1"},
+      {"/sections/0/cpu/family", "25", "sections[0].cpu.family must be an integer in [0, 255], got \"25\""},
+      {"/sections/0/cpu/model", 256, "sections[0].cpu.model must be an integer in [0, 255], got 256"},
+      {"/sections/0/cpu/model", 1.5, "sections[0].cpu.model must be an integer in [0, 255], got 1.5"},
+      {"/sections/0/cpu/features", nlohmann::json::array(), "sections[0].cpu.features must be a string, got []"},
+      {"/sections/0/measured", missing, "sections[0].measured is missing"},
+      {"/sections/0/measured", "2026-13-01",
+       "sections[0].measured must be a UTC date \"YYYY-MM-DD\" (or \"\": not known), got \"2026-13-01\""},
+      {"/sections/0/measured", "yesterday", "sections[0].measured must be a UTC date"},
+      {"/sections/0/kernels", "decode: x", "sections[0].kernels must be an array of strings, got \"decode: x\""},
+      {"/sections/0/kernels/0", 1, "sections[0].kernels[0] must be a string, got 1"},
+      {"/sections/0/entries", missing, "sections[0].entries is missing"},
+      {"/sections/0/entries", 5, "sections[0].entries must be an array of entries, got 5"},
+      {"/sections/0/entries/0", "e", "sections[0].entries[0] must be an object {q_dtype, kv_dtype, num_q_heads"},
+      {"/sections/0/entries/0/q_dtype", "bf17",
+       "sections[0].entries[0].q_dtype must name a dtype (\"bfloat16\", \"float32\", ...), got \"bf17\""},
+      {"/sections/0/entries/0/kv_dtype", missing, "sections[0].entries[0].kv_dtype is missing"},
+      {"/sections/0/entries/0/page_size", 0, "sections[0].entries[0].page_size must be an integer >= 1, got 0"},
+      {"/sections/0/entries/0/num_queries_per_block", -4,
+       "sections[0].entries[0].num_queries_per_block must be an integer >= 1, got -4"},
+      {"/sections/0/entries/0/max_model_len", "4096",
+       "sections[0].entries[0].max_model_len must be an integer >= 1, got \"4096\""},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json table = ValidTable();
+    const nlohmann::json::json_pointer pointer(c.pointer);
+    if (c.value.is_null()) {
+      table.at(pointer.parent_pointer()).erase(pointer.back());
+    } else {
+      table[pointer] = c.value;
+    }
+    std::string error;
+    EXPECT_FALSE(internal::ParseTunedTable(table.dump(), "t.json", error)) << c.pointer;
+    EXPECT_NE(error.find(c.message), std::string::npos) << c.pointer << ": " << error;
+  }
+}
+
+TEST(TunedTableTest, TwoSectionsOfOneCpuAreRejected) {
+  nlohmann::json table = ValidTable();
+  table["sections"].push_back(table["sections"][0]);
+  std::string error;
+  EXPECT_FALSE(internal::ParseTunedTable(table.dump(), "t.json", error));
+  EXPECT_NE(error.find("sections[1].cpu is the CPU of sections[0] (one section per CPU kind"), std::string::npos)
+      << error;
+}
+
+TEST(TunedTableTest, MalformedVersion1AndTopLevelAreRejectedNamingTheField) {
+  std::string error;
+  nlohmann::json v1 = nlohmann::json::parse(kVersion1);
+  v1.erase("cpu");
+  EXPECT_FALSE(internal::ParseTunedTable(v1.dump(), "t", error));
+  EXPECT_EQ(error, "cpu is missing");
+  v1 = nlohmann::json::parse(kVersion1);
+  v1["entries"][0]["num_kv_heads"] = 0;
+  EXPECT_FALSE(internal::ParseTunedTable(v1.dump(), "t", error));
+  EXPECT_EQ(error, "entries[0].num_kv_heads must be an integer >= 1, got 0");
+  EXPECT_FALSE(internal::ParseTunedTable("[1, 2]", "t", error));
+  EXPECT_EQ(error, "the table must be a JSON object, got [1,2]");
 }
 
 }  // namespace

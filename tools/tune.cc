@@ -1,10 +1,16 @@
-// `rpa tune`: sweep block sizes on this machine and write a tuned table;
-// `rpa tune --check`: compare the automatic choice with the sweep's best;
+// `rpa tune`: sweep block sizes on this machine and write its section of a
+// tuned table, keeping the file's other sections;
+// `rpa tune --check`: compare the automatic choice (from this CPU's section
+// where the tables in use have one) with the sweep's best;
 // `rpa explain`: which block sizes the library would choose, and why.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -18,6 +24,7 @@
 #include "kernel/dispatch.h"
 #include "rpa/rpa.h"
 #include "rpa/block_sizes.h"
+#include "rpa/kernels.h"
 #include "testing/synthetic_batch.h"
 #include "testing/workloads.h"
 
@@ -206,10 +213,55 @@ SweepResult Sweep(const SyntheticBatch& batch, const BlockSizeConfig& config, in
   return result;
 }
 
+// The table the run updates: the output file's, so that its other CPUs'
+// sections survive; an empty one where the file does not exist yet. Read
+// before the sweep, so a file that is not a table fails the run at once and
+// stays as it is.
+internal::TunedTable TableToUpdate(const std::string& path) {
+  if (!std::filesystem::exists(path)) return {};
+  std::string error;
+  std::optional<internal::TunedTable> table = internal::ReadTunedTable(path, error);
+  if (!table) {
+    throw CLI::ValidationError("--output", path + " is not a tuned block-size table (" + error +
+                                               "); it was left as it is: fix it or name another file");
+  }
+  return std::move(*table);
+}
+
+std::string TodayUtc() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char date[16];
+  std::strftime(date, sizeof(date), "%Y-%m-%d", &utc);
+  return date;
+}
+
+// The dispatch's description for this K/V dtype, one string per line.
+std::vector<std::string> KernelLines(DType kv_dtype) {
+  std::vector<std::string> lines;
+  std::istringstream text(DescribeKernels(kv_dtype));
+  for (std::string line; std::getline(text, line);) {
+    const size_t first = line.find_first_not_of(' ');
+    if (first != std::string::npos) lines.push_back(line.substr(first));
+  }
+  return lines;
+}
+
+// CPUID's view of the machine, for a report.
+nlohmann::json CpuJson(const CpuInfo& cpu) {
+  return {{"vendor", cpu.vendor},
+          {"model_name", cpu.model_name},
+          {"family", cpu.family},
+          {"model", cpu.model},
+          {"features", cpu.features}};
+}
+
 int RunTune(const TuneArgs& args) {
   const DType q_dtype = ParseDTypeOrThrow(args.q_dtype);
   const DType kv_dtype = ParseDTypeOrThrow(args.kv_dtype);
   const std::vector<HeadConfig> configs = SelectedConfigs(args);
+  internal::TunedTable table = TableToUpdate(args.output);
   const std::vector<Workload> workloads = Workloads(args.quick);
 
   AttentionOptions base;
@@ -233,8 +285,10 @@ int RunTune(const TuneArgs& args) {
   }
   Progress progress(total);
 
-  internal::TunedTable table;
-  table.cpu = CpuModelName();
+  internal::TunedSection section;
+  section.cpu = ThisCpuInfo();
+  section.measured = TodayUtc();
+  section.kernels = KernelLines(kv_dtype);
   nlohmann::json checks = nlohmann::json::array();
   size_t key_index = 0;
   for (const HeadConfig& head : configs) {
@@ -256,13 +310,14 @@ int RunTune(const TuneArgs& args) {
 
       const SweepResult sweep =
           Sweep(batch, key, max_q, base, args.quick, progress, head.name + " " + w.name);
-      table.entries.push_back({key, sweep.best});
+      section.entries.push_back({key, sweep.best});
 
       if (args.check) {
         // The three timed again side by side: the sweep's best_ms is the
         // least of many noisy timings, so it is biased low.
         std::vector<uint8_t> out = batch.NewOutput();
         const BlockSizeChoice automatic = ChooseBlockSizes(key);
+        const std::optional<internal::TableChoice> tuned = internal::ChooseFromLoadedTables(key);
         AttentionOptions best = base;
         best.num_kv_pages_per_block = sweep.best.num_kv_pages_per_block;
         best.num_queries_per_block = sweep.best.num_queries_per_block;
@@ -280,6 +335,7 @@ int RunTune(const TuneArgs& args) {
                           {"default_ms", default_ms},
                           {"auto", {automatic.sizes.num_kv_pages_per_block, automatic.sizes.num_queries_per_block}},
                           {"auto_source", ToString(automatic.source)},
+                          {"auto_section", tuned ? tuned->section : "none (the heuristic)"},
                           {"best", {sweep.best.num_kv_pages_per_block, sweep.best.num_queries_per_block}},
                           {"auto_over_best", auto_ms / best_ms},
                           {"auto_over_default", auto_ms / default_ms},
@@ -288,22 +344,29 @@ int RunTune(const TuneArgs& args) {
     }
   }
 
+  const size_t entries = section.entries.size();
+  const bool replaced = internal::PutSection(table, std::move(section));
   std::ofstream file(args.output);
   file << internal::SerializeTunedTable(table);
   if (!file) {
     std::fprintf(stderr, "rpa tune: cannot write %s\n", args.output.c_str());
     return 1;
   }
+  const int64_t others = static_cast<int64_t>(table.sections.size()) - 1;
   if (args.json) {
     nlohmann::json report;
-    report["cpu"] = table.cpu;
+    report["cpu"] = CpuJson(ThisCpuInfo());
     report["table"] = args.output;
+    report["section"] = replaced ? "replaced" : "added";
+    report["other_sections"] = others;
     report["checks"] = checks;
     std::cout << report.dump(2) << std::endl;
     return 0;
   }
-  std::printf("wrote %zu entries to %s (cpu: %s)\n", table.entries.size(), args.output.c_str(),
-              table.cpu.c_str());
+  std::printf("wrote this CPU's section (%zu entries; %s; %s) to %s, %s; kept %lld other section%s\n",
+              entries, ThisCpuInfo().model_name.c_str(), ThisCpuInfo().features.c_str(),
+              args.output.c_str(), replaced ? "replacing its last one" : "a new section",
+              static_cast<long long>(others), others == 1 ? "" : "s");
   if (args.check) {
     std::printf("%-16s %-8s %9s %9s %10s %9s %9s  %s\n", "preset", "workload", "auto_ms", "best_ms",
                 "default_ms", "auto/best", "auto/def", "auto (pages,q) / best");
@@ -318,6 +381,10 @@ int RunTune(const TuneArgs& args) {
                   static_cast<long long>(c["best"][0].get<int64_t>()),
                   static_cast<long long>(c["best"][1].get<int64_t>()));
     }
+    // Which sections answered auto, so a reader sees whether it was this CPU's.
+    std::map<std::string, int> sections;
+    for (const nlohmann::json& c : checks) ++sections[c["auto_section"].get<std::string>()];
+    for (const auto& [name, rows] : sections) std::printf("auto from %s: %d rows\n", name.c_str(), rows);
   }
   return 0;
 }
@@ -373,7 +440,9 @@ void AddTuneCommands(CLI::App& app) {
   CLI::App* t = app.add_subcommand("tune", "Sweep block sizes on this machine and write a tuned table");
   t->add_option("--preset", tune->presets, "Model presets (default: all): llama3-8b, llama3-70b-tp8, qwen-28-4, gemma-hd256, mqa");
   t->add_option("--config", tune->config_file, "JSON {\"configs\": [{name, num_q_heads, num_kv_heads, head_dim}]}");
-  t->add_option("--output", tune->output, "Table file to write")->capture_default_str();
+  t->add_option("--output", tune->output,
+                "Table file to update: this CPU's section is written, the others are kept")
+      ->capture_default_str();
   t->add_option("--q-dtype", tune->q_dtype, "Query dtype")->capture_default_str();
   t->add_option("--kv-dtype", tune->kv_dtype, "KV dtype")->capture_default_str();
   t->add_option("--page-size", tune->page_size, "Tokens per page")->capture_default_str();

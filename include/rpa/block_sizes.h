@@ -1,6 +1,7 @@
-// Block sizes that pick themselves (docs/contract.md §4): a tuned table, the nearest
-// tuned entry, or a heuristic from this CPU's caches, always clamped to
-// [1, pages_per_seq] so an automatic choice can never be rejected.
+// Block sizes that pick themselves (docs/contract.md §4): a tuned table's section
+// for this CPU kind (else the nearest section), the nearest tuned entry, or a
+// heuristic from this CPU's caches, always clamped to [1, pages_per_seq] so an
+// automatic choice can never be rejected.
 #ifndef RPA_BLOCK_SIZES_H_
 #define RPA_BLOCK_SIZES_H_
 
@@ -38,7 +39,9 @@ const char* ToString(BlockSizeSource source);
 struct BlockSizeChoice {
   BlockSizes sizes;
   BlockSizeSource source = BlockSizeSource::kHeuristic;
-  std::string explanation;  // Which entry or which heuristic, with its numbers.
+  // Which entry (and from which table section, and why that section) or
+  // which heuristic, with its numbers.
+  std::string explanation;
 };
 
 // What the library uses when the caller passes no block sizes. vmem_limit_bytes
@@ -52,13 +55,15 @@ BlockSizes GetTunedBlockSizes(DType q_dtype, DType kv_dtype, int64_t num_q_heads
                               int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
                               int64_t max_num_batched_tokens, int64_t pages_per_seq);
 
-// Loads a user table (rpa tune's JSON), which then takes precedence over the
-// shipped one; RPA_TUNED_BLOCK_SIZES names one loaded on first use. A file
+// Loads a user table (rpa tune's JSON), whose sections then come before the
+// shipped table's of the same CPU match (docs/block_sizes.md);
+// RPA_TUNED_BLOCK_SIZES names one loaded on first use. A file
 // that cannot be read or parsed is ignored with a warning on stderr naming
 // it; returns whether it was loaded. An empty path unloads the user table.
 bool LoadTunedBlockSizes(const std::string& path);
 
-// The CPU this process runs on, as table files record it.
+// This CPU's model name (ThisCpuInfo().model_name in rpa/kernels.h): all
+// that a version-1 table recorded of its CPU.
 std::string CpuModelName();
 
 }  // namespace rpa

@@ -718,9 +718,11 @@ def get_tuned_block_sizes(
   """Look up the best (num_kv_pages_per_blk, num_queries_per_blk), as JAX does.
 
   The library's choice when a call passes None: a tuned table entry for the
-  configuration (RPA_TUNED_BLOCK_SIZES or rpa.load_tuned_block_sizes, then the
-  shipped table), else the nearest tuned entry for the same heads, head_dim
-  and dtypes, else a heuristic from this CPU's cache sizes; always within
+  configuration from the section of this CPU kind (RPA_TUNED_BLOCK_SIZES or
+  rpa.load_tuned_block_sizes, then the shipped table; else the nearest
+  section: same vendor and dispatch features, then same vendor, then any),
+  else that section's nearest tuned entry for the same heads, head_dim and
+  dtypes, else a heuristic from this CPU's cache sizes; always within
   [1, pages_per_seq], so it can never fail validation.
 
   Args:
@@ -763,8 +765,8 @@ def explain_block_sizes(q_dtype, kv_dtype, num_q_heads: int, num_kv_heads: int, 
 
 
 def load_tuned_block_sizes(path: str) -> bool:
-  """Loads a tuned table written by `rpa tune`; it then takes precedence over
-  the shipped one.
+  """Loads a tuned table written by `rpa tune`; within each rank of CPU match
+  its sections then come before the shipped table's.
 
   Args:
     path: the JSON file `rpa tune` wrote; an empty path unloads the table.
