@@ -194,6 +194,57 @@ TEST(PlanRunTest, EqualsTheOneCallPathBitForBit) {
   }
 }
 
+// The fused KV write on a plan: one plan, a run per "layer" (each its own
+// cache and new rows), every cache and output bit-identical to the
+// one-call RaggedPagedAttentionWithKVWrite; a run with a bad new_k throws
+// the one-call message and writes nothing.
+TEST(PlanRunTest, RunWithKVWriteEqualsTheOneCallWrite) {
+  const SyntheticBatch b = MixedBatch(7);
+  const int64_t kv_heads = 2, dim = 40;
+  AttentionOptions options;
+  options.sm_scale = 0.15;
+  options.num_threads = 2;
+  AttentionPlan plan;
+  plan.Plan(ShapeOf(b.Q(), b.KvPages()), TableOf(b), options);
+  const TensorView pages = b.KvPages();
+  auto cache_view = [&](std::vector<uint8_t>& cache) {
+    return MutableTensorView(cache.data(), pages.dtype,
+                             {pages.shape[0], pages.shape[1], pages.shape[2], pages.shape[3]});
+  };
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (int layer = 0; layer < 3; ++layer) {
+    std::vector<float> new_k(static_cast<size_t>(b.num_tokens * kv_heads * dim));
+    std::vector<float> new_v(new_k.size());
+    for (float& x : new_k) x = normal(rng);
+    for (float& x : new_v) x = normal(rng);
+    const TensorView k_rows(new_k.data(), DType::kF32, {b.num_tokens, kv_heads, dim});
+    const TensorView v_rows(new_v.data(), DType::kF32, {b.num_tokens, kv_heads, dim});
+    std::vector<uint8_t> want_cache = b.kv_pages, got_cache = b.kv_pages;
+    std::vector<uint8_t> want_out = b.NewOutput(), got_out = b.NewOutput();
+    RaggedPagedAttentionWithKVWrite(b.Q(), k_rows, v_rows, cache_view(want_cache), TableOf(b),
+                                    options, b.OutView(want_out));
+    plan.RunWithKVWrite(b.Q(), k_rows, v_rows, cache_view(got_cache), b.OutView(got_out));
+    EXPECT_EQ(got_cache, want_cache) << "layer " << layer;
+    EXPECT_EQ(got_out, want_out) << "layer " << layer;
+    EXPECT_NE(got_cache, b.kv_pages) << "layer " << layer << ": nothing written";
+
+    const TensorView short_rows(new_k.data(), DType::kF32, {b.num_tokens - 1, kv_heads, dim});
+    std::vector<uint8_t> untouched = b.kv_pages, out = b.NewOutput();
+    const std::vector<uint8_t> out_before = out;
+    try {
+      plan.RunWithKVWrite(b.Q(), short_rows, v_rows, cache_view(untouched), b.OutView(out));
+      ADD_FAILURE() << "expected rpa::Error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kShape);
+      EXPECT_EQ(std::string(e.what()).rfind("new_k.shape=(39, 2, 40) must be (40, 2, 40)", 0), 0u)
+          << e.what();
+    }
+    EXPECT_EQ(untouched, b.kv_pages);
+    EXPECT_EQ(out, out_before);
+  }
+}
+
 TEST(PlanRunTest, ReplansForTheNextStepAndMatchesOneCall) {
   AttentionPlan plan;
   AttentionOptions options;
