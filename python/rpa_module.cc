@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "rpa/rpa.h"
+#include "rpa/threads.h"
 #include "rpa/block_sizes.h"
 
 namespace py = pybind11;
@@ -1305,6 +1306,10 @@ PYBIND11_MODULE(_rpa, m) {
       "chooses; see rpa.get_tuned_block_sizes.");
   m.def("load_tuned_block_sizes", &rpa::LoadTunedBlockSizes, py::arg("path"),
         "Loads a tuned block-size table (rpa tune's JSON); see rpa.load_tuned_block_sizes.");
+  m.def("set_cpu_binding", &rpa::SetCpuBinding, py::arg("cpus"),
+        "Pins rpa's workers process-wide (rpa::SetCpuBinding); see rpa.set_cpu_binding.");
+  m.def("default_num_threads", &rpa::DefaultNumThreads,
+        "The thread count a call without num_threads uses (rpa::DefaultNumThreads).");
 
   py::class_<Plan>(m, "AttentionPlan",
                    "rpa::AttentionPlan: plan once per step, run per layer; see "

@@ -69,6 +69,8 @@ from ._api import (
     ragged_paged_attention,
     ragged_paged_attention_with_kv_write,
     ref_ragged_paged_attention,
+    default_num_threads,
+    set_cpu_binding,
     static_validate_inputs,
 )
 
@@ -138,6 +140,8 @@ __all__ = [
     "explain_block_sizes",
     "get_tuned_block_sizes",
     "load_tuned_block_sizes",
+    "set_cpu_binding",
+    "default_num_threads",
     "merge_states",
     "paged_attention",
     "quantize",

@@ -776,3 +776,28 @@ def load_tuned_block_sizes(path: str) -> bool:
     (it is then ignored, with a warning naming it).
   """
   return _rpa.load_tuned_block_sizes(path)
+
+
+def set_cpu_binding(cpus) -> None:
+  """Pins rpa's worker threads, process-wide, as RPA_CPU_BIND does (and
+  replacing it): worker w >= 1 runs on cpus[w] only; cpus[0] is the calling
+  thread's, which rpa never moves. Workers beyond the list keep their mask;
+  an empty list unpins every worker. Takes effect at the next call that uses
+  more than one thread; a call without num_threads then uses at most
+  len(cpus) threads.
+
+  Args:
+    cpus: CPU numbers (ints), each in this process's affinity mask, once.
+
+  Raises:
+    rpa.Error (kind "option"): a CPU outside the affinity mask, or listed
+      twice; the binding is then unchanged.
+  """
+  _rpa.set_cpu_binding([int(c) for c in cpus])
+
+
+def default_num_threads() -> int:
+  """The thread count a call without num_threads uses: RPA_NUM_THREADS, else
+  the smallest of the affinity mask's CPUs, the cgroup CPU quota and the
+  CPUs bound (set_cpu_binding / RPA_CPU_BIND)."""
+  return _rpa.default_num_threads()

@@ -89,3 +89,50 @@ def test_empty_variable_means_unbound():
   assert empty["error"] is None and not empty["untouched"]
   assert empty["out"] == unbound["out"]
   assert empty["masks"] == unbound["masks"]
+
+
+# rpa.set_cpu_binding, in a fresh interpreter: the pool is process-wide.
+_BIND = """
+import json, sys
+import numpy as np
+import rpa
+from rpa_testing import make_batch
+allowed = json.loads(sys.argv[1])
+b = make_batch(np.random.default_rng(7), [(1, 40), (5, 12), (9, 9)], num_q_heads=8,
+               num_kv_heads=2, head_dim=32)
+result = {"default_before": rpa.default_num_threads()}
+try:
+  rpa.set_cpu_binding([allowed[0], allowed[-1] + 1])
+except rpa.Error as e:
+  result["outside"] = [e.kind, str(e)]
+try:
+  rpa.set_cpu_binding([allowed[0], allowed[0]])
+except rpa.Error as e:
+  result["twice"] = [e.kind, str(e)]
+result["default_after_errors"] = rpa.default_num_threads()
+rpa.set_cpu_binding(allowed[:1])
+result["default_bound_to_one"] = rpa.default_num_threads()
+out = np.empty_like(b.q)
+rpa.ragged_paged_attention(*b.args, sm_scale=0.25, out=out)
+result["out"] = out.tobytes().hex()
+rpa.ragged_paged_attention(*b.args, sm_scale=0.25, out=out, num_threads=1)
+result["one_thread"] = out.tobytes().hex()
+print(json.dumps(result))
+"""
+
+
+def test_set_cpu_binding():
+  allowed = sorted(os.sched_getaffinity(0))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+  env.pop("RPA_CPU_BIND", None)
+  env.pop("RPA_NUM_THREADS", None)
+  r = json.loads(subprocess.run([sys.executable, "-c", _BIND, json.dumps(allowed)],
+                                capture_output=True, text=True, env=env, check=True).stdout)
+  assert r["default_before"] == len(allowed)
+  assert r["outside"][0] == "option"
+  assert f"CPU {allowed[-1] + 1} is not in this process's affinity mask" in r["outside"][1]
+  assert r["twice"][0] == "option" and "twice" in r["twice"][1]
+  # Rejected bindings change nothing; a binding of one CPU caps the default at one.
+  assert r["default_after_errors"] == len(allowed)
+  assert r["default_bound_to_one"] == 1
+  assert r["out"] == r["one_thread"]
