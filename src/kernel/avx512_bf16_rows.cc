@@ -111,37 +111,6 @@ RPA_AVX512_BF16_TARGET void PairLogitsBlock(const QueryRows& q, const KvTile& ti
       tile.n - t, s.s + r * s.stride + t, s.stride);
 }
 
-// Logits of every row and key, in blocks of 4 rows (then 2 or 1) so that
-// 1-2 q heads per kv head still fill 16 accumulators; the first row block
-// prefetches the next tile's K rows, a block's worth per block.
-template <Source kSource>
-RPA_AVX512_BF16_TARGET void PairLogitsRows(const QueryRows& q, const KvTile& tile,
-                                           const TileLogits& s, const Fp8Lut& lut) {
-  const int64_t rows = q.rows, n = tile.n, bytes = tile.row_bytes;
-  const int64_t per = rows > 2 ? 4 : rows == 2 ? 8 : 16;
-  if (tile.k_next.count > RoundUp(n, per)) {
-    PrefetchRows(tile.k_next, RoundUp(n, per), tile.k_next.count, bytes);
-  }
-  int64_t r = 0;
-  for (; rows - r > 2; r += 4) {
-    for (int64_t t = 0; t < n; t += 4) {
-      if (r == 0) PrefetchRows(tile.k_next, t, 4, bytes);
-      PairLogitsBlock<4, 4, kSource>(q, tile, r, t, s, lut);
-    }
-  }
-  if (rows - r == 2) {
-    for (int64_t t = 0; t < n; t += 8) {
-      if (r == 0) PrefetchRows(tile.k_next, t, 8, bytes);
-      PairLogitsBlock<2, 8, kSource>(q, tile, r, t, s, lut);
-    }
-  } else if (rows - r == 1) {
-    for (int64_t t = 0; t < n; t += 16) {
-      if (r == 0) PrefetchRows(tile.k_next, t, 16, bytes);
-      PairLogitsBlock<1, 16, kSource>(q, tile, r, t, s, lut);
-    }
-  }
-}
-
 // Where a row's bf16 weight pair j (keys 2j, 2j + 1) lives.
 enum class WeightLayout : uint8_t {
   kRows,     // Row r's bf16 weights at w + r * w_stride, key t at element t.
@@ -263,31 +232,17 @@ RPA_AVX512_BF16_TARGET void RowWeightsToBf16(const TileLogits& p, int64_t n) {
 
 // PV of every row in blocks of 4, 2 and 1 rows; the first block prefetches.
 template <Source kSource>
-RPA_AVX512_BF16_TARGET void PairPvAllRows(PairPvPass a, int64_t rows) {
+RPA_AVX512_BF16_TARGET void PairPvAllRows(const PairPvPass& a, int64_t rows) {
   const KvRows* pf = a.prefetch;
   if (pf != nullptr && pf->count > a.n) PrefetchRows(*pf, a.n, pf->count, a.prefetch_bytes);
-  const uint16_t* w = a.w;
-  float* acc = a.acc;
-  int64_t r = 0;
-  auto block = [&](int64_t count) {
-    a.w = w + r * a.w_stride;
-    a.acc = acc + r * a.acc_stride;
-    a.rows = count;
-    a.prefetch = r == 0 ? pf : nullptr;
-  };
-  for (; r + 4 <= rows; r += 4) {
-    block(4);
-    PairPvRows<4, kSource, WeightLayout::kRows>(a);
-  }
-  if (rows - r >= 2) {
-    block(2);
-    PairPvRows<2, kSource, WeightLayout::kRows>(a);
-    r += 2;
-  }
-  if (rows - r == 1) {
-    block(1);
-    PairPvRows<1, kSource, WeightLayout::kRows>(a);
-  }
+  ForEachPvRowBlock(rows, [&]<int kRows>(int64_t r, bool first) RPA_AVX512_BF16_TARGET {
+    PairPvPass block = a;
+    block.w = a.w + r * a.w_stride;
+    block.acc = a.acc + r * a.acc_stride;
+    block.rows = kRows;
+    block.prefetch = first ? pf : nullptr;
+    PairPvRows<kRows, kSource, WeightLayout::kRows>(block);
+  });
 }
 
 // A pass over the tile's V rows into the state's accumulators, prefetching
@@ -309,7 +264,10 @@ template <Source kSource>
 RPA_AVX512_BF16_TARGET void LogitsImpl(const QueryRows& q, const KvTile& tile,
                                        const TileLogits& s) {
   const Fp8Lut lut = LoadLut(kSource == Source::kFp8 ? Fp8TableOf(tile.dtype, false) : nullptr);
-  PairLogitsRows<kSource>(q, tile, s, lut);
+  ForEachLogitsBlock(q.rows, tile, [&]<int kRows, int kTokens>(int64_t r, int64_t t)
+                                       RPA_AVX512_BF16_TARGET {
+    PairLogitsBlock<kRows, kTokens, kSource>(q, tile, r, t, s, lut);
+  });
 }
 
 template <Source kSource>
@@ -329,23 +287,15 @@ RPA_AVX512_BF16_TARGET bool DecodeTileImpl(const QueryRows& q_rows, const KvTile
   const Fp8Lut lut = LoadLut(kSource == Source::kFp8 ? Fp8TableOf(tile.dtype, false) : nullptr);
   const __m512 scale = _mm512_set1_ps(logit_scale);
   const int64_t rows = q_rows.rows;
-  // Rows past `rows` repeat the last one; nothing of theirs is stored.
   const uint16_t* q[4];
-  const uint16_t* q0 = static_cast<const uint16_t*>(q_rows.data);
-  for (int r = 0; r < 4; ++r) q[r] = q0 + (r < rows ? r : rows - 1) * q_rows.stride;
+  FusedQueryRows(q_rows, q);
   // Logits, then weights, in blocks of 4 keys: lane r * 4 + t = (row r, key 4b + t).
   alignas(64) float w[kFusedMaxKeys / 4 * 16];
-  __m512 vmax;
-  __mmask16 nan;
-  DecodeTileLogits(
-      tile,
-      [&](const void* const* k) RPA_AVX512_BF16_TARGET {
-        return _mm512_mul_ps(PairLogitsVector<4, 4, kSource>(q, k, tile.head_dim, lut), scale);
-      },
-      w, &vmax, &nan);
   DecodeTileState next;
-  if (!DecodeTileSoftmax(w, tile.n, vmax, nan, rows, state.m, state.l, &next)) return false;
-  next.Commit(rows, state.m, state.l);
+  const auto block = [&](const void* const* k) RPA_AVX512_BF16_TARGET {
+    return _mm512_mul_ps(PairLogitsVector<4, 4, kSource>(q, k, tile.head_dim, lut), scale);
+  };
+  if (!DecodeTileWeights(tile, rows, block, state, w, &next)) return false;
   // The weights as bf16 in the same blocks (keys past n are 0).
   alignas(64) uint16_t wb[kFusedMaxKeys / 4 * 16];
   for (int64_t b = 0; 4 * b < tile.n; ++b) {

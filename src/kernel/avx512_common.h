@@ -243,6 +243,78 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline bool DecodeTileSoftmax(
   return true;
 }
 
+// The logits of every row and key of a tile in blocks of 16 logits: 4 rows x
+// 4 keys, or for the last 1-2 rows 2 x 8 / 1 x 16, so that 1-2 q heads per
+// kv head still fill 16 accumulators. block.template operator()<kRows,
+// kTokens>(r, t) computes rows [r, r + kRows) x keys [t, t + kTokens). The
+// first row block prefetches the next tile's K rows, a block's worth per
+// block (and up front those past this tile's keys).
+template <class Block>
+__attribute__((always_inline)) inline void ForEachLogitsBlock(int64_t rows, const KvTile& tile,
+                                                              const Block& block) {
+  const int64_t n = tile.n, bytes = tile.row_bytes;
+  const int64_t per = rows > 2 ? 4 : rows == 2 ? 8 : 16;
+  if (tile.k_next.count > RoundUp(n, per)) {
+    PrefetchRows(tile.k_next, RoundUp(n, per), tile.k_next.count, bytes);
+  }
+  int64_t r = 0;
+  for (; rows - r > 2; r += 4) {
+    for (int64_t t = 0; t < n; t += 4) {
+      if (r == 0) PrefetchRows(tile.k_next, t, 4, bytes);
+      block.template operator()<4, 4>(r, t);
+    }
+  }
+  if (rows - r == 2) {
+    for (int64_t t = 0; t < n; t += 8) {
+      if (r == 0) PrefetchRows(tile.k_next, t, 8, bytes);
+      block.template operator()<2, 8>(r, t);
+    }
+  } else if (rows - r == 1) {
+    for (int64_t t = 0; t < n; t += 16) {
+      if (r == 0) PrefetchRows(tile.k_next, t, 16, bytes);
+      block.template operator()<1, 16>(r, t);
+    }
+  }
+}
+
+// PV of every row in blocks of 4, 2 and 1 rows: pass.template
+// operator()<kRows>(r, first) runs rows [r, r + kRows); `first` (the first
+// block) issues the next tile's V prefetches.
+template <class Pass>
+__attribute__((always_inline)) inline void ForEachPvRowBlock(int64_t rows, const Pass& pass) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) pass.template operator()<4>(r, r == 0);
+  if (rows - r >= 2) {
+    pass.template operator()<2>(r, r == 0);
+    r += 2;
+  }
+  if (rows - r == 1) pass.template operator()<1>(r, r == 0);
+}
+
+// A fused decode tile's first half: the scaled logits of 4 rows x the
+// tile's keys (block(k): keys k[0..3], lane r * 4 + t) into w, then the
+// online-softmax update (DecodeTileSoftmax); commits m and l and returns
+// true, or returns false with the state untouched.
+template <class Block>
+RPA_AVX512_TARGET __attribute__((always_inline)) inline bool DecodeTileWeights(
+    const KvTile& tile, int64_t rows, const Block& block, const SoftmaxState& state, float* w,
+    DecodeTileState* next) {
+  __m512 vmax;
+  __mmask16 nan;
+  DecodeTileLogits(tile, block, w, &vmax, &nan);
+  if (!DecodeTileSoftmax(w, tile.n, vmax, nan, rows, state.m, state.l, next)) return false;
+  next->Commit(rows, state.m, state.l);
+  return true;
+}
+
+// The 4 query rows of a fused tile: rows past q.rows repeat the last one
+// (nothing of theirs is stored).
+template <class T>
+inline void FusedQueryRows(const QueryRows& q, const T* (&rows)[4]) {
+  const T* q0 = static_cast<const T*>(q.data);
+  for (int r = 0; r < 4; ++r) rows[r] = q0 + (r < q.rows ? r : q.rows - 1) * q.stride;
+}
+
 // 8-bit floats to bf16 by table lookup, 32 codes at a time, for every
 // AVX-512 kernel that reads them (the widening kernels, the AMX packs).
 // Bits of the bf16 value of each 8-bit float magnitude (code & 0x7F), e4m3fn

@@ -132,36 +132,13 @@ RPA_AVX512_TARGET void WideLogitsBlock(const QueryRows& q, const KvRows& k, cons
       tile.n - t, s.s + r * s.stride + t, s.stride);
 }
 
-// Logits of every row and key: the row count picks the block shape (4 x 4,
-// 2 x 8 or 1 x 16 keys), so that decode with 1 or 2 q heads per kv head
-// still fills all 16 accumulators. The first row block issues the next
-// tile's prefetches, a block's worth per block.
+// Logits of every row and key (ForEachLogitsBlock's shapes and prefetches).
 template <Code kCode>
 void WideLogitsRows(const QueryRows& q, const KvRows& k, const KvTile& tile, const TileLogits& s,
                     const Fp8Table* table) {
-  const int64_t rows = q.rows, n = tile.n, bytes = tile.row_bytes;
-  const int64_t per = rows > 2 ? 4 : rows == 2 ? 8 : 16;
-  if (tile.k_next.count > RoundUp(n, per)) {
-    PrefetchRows(tile.k_next, RoundUp(n, per), tile.k_next.count, bytes);
-  }
-  int64_t r = 0;
-  for (; r + 4 <= rows || (rows - r > 2); r += 4) {
-    for (int64_t t = 0; t < n; t += 4) {
-      if (r == 0) PrefetchRows(tile.k_next, t, 4, bytes);
-      WideLogitsBlock<4, 4, kCode>(q, k, tile, r, t, s, table);
-    }
-  }
-  if (rows - r == 2) {
-    for (int64_t t = 0; t < n; t += 8) {
-      if (r == 0) PrefetchRows(tile.k_next, t, 8, bytes);
-      WideLogitsBlock<2, 8, kCode>(q, k, tile, r, t, s, table);
-    }
-  } else if (rows - r == 1) {
-    for (int64_t t = 0; t < n; t += 16) {
-      if (r == 0) PrefetchRows(tile.k_next, t, 16, bytes);
-      WideLogitsBlock<1, 16, kCode>(q, k, tile, r, t, s, table);
-    }
-  }
+  ForEachLogitsBlock(q.rows, tile, [&]<int kRows, int kTokens>(int64_t r, int64_t t) {
+    WideLogitsBlock<kRows, kTokens, kCode>(q, k, tile, r, t, s, table);
+  });
 }
 
 // One PV pass: acc rows (even/odd order) += sum_t p[r][t] * v_t.
@@ -265,31 +242,17 @@ void WidePvRows(const PvPass& a) {
 
 // PV of every row in blocks of 4, 2 and 1 rows; the first block prefetches.
 template <Code kCode>
-void WidePvAllRows(PvPass a, int64_t rows) {
+void WidePvAllRows(const PvPass& a, int64_t rows) {
   const KvRows* pf = a.prefetch;
   if (pf != nullptr && pf->count > a.n) PrefetchRows(*pf, a.n, pf->count, a.prefetch_bytes);
-  const float* p = a.p;
-  float* acc = a.acc;
-  int64_t r = 0;
-  auto block = [&](int64_t count) {
-    a.p = p + r * a.p_stride;
-    a.acc = acc + r * a.acc_stride;
-    a.rows = count;
-    a.prefetch = r == 0 ? pf : nullptr;
-  };
-  for (; r + 4 <= rows; r += 4) {
-    block(4);
-    WidePvRows<4, kCode>(a);
-  }
-  if (rows - r >= 2) {
-    block(2);
-    WidePvRows<2, kCode>(a);
-    r += 2;
-  }
-  if (rows - r == 1) {
-    block(1);
-    WidePvRows<1, kCode>(a);
-  }
+  ForEachPvRowBlock(rows, [&]<int kRows>(int64_t r, bool first) {
+    PvPass block = a;
+    block.p = a.p + r * a.p_stride;
+    block.acc = a.acc + r * a.acc_stride;
+    block.rows = kRows;
+    block.prefetch = first ? pf : nullptr;
+    WidePvRows<kRows, kCode>(block);
+  });
 }
 
 // With more rows per kv head than this, each 4-row block would convert the
@@ -335,23 +298,15 @@ RPA_AVX512_TARGET bool WideDecodeTileImpl(const QueryRows& q_rows, const KvTile&
   const Fp8Lut lut = LoadLut(kCode == Code::kFp8 ? table : nullptr);
   const __m512 scale = _mm512_set1_ps(logit_scale);
   const int64_t rows = q_rows.rows;
-  // Rows past `rows` repeat the last one; nothing of theirs is stored.
   const float* q[4];
-  const float* q0 = static_cast<const float*>(q_rows.data);
-  for (int r = 0; r < 4; ++r) q[r] = q0 + (r < rows ? r : rows - 1) * q_rows.stride;
+  FusedQueryRows(q_rows, q);
   // Logits, then weights, in blocks of 4 keys: lane r * 4 + t = (row r, key 4b + t).
   alignas(64) float w[kFusedMaxKeys / 4 * 16];
-  __m512 vmax;
-  __mmask16 nan;
-  DecodeTileLogits(
-      tile,
-      [&](const void* const* k) RPA_AVX512_TARGET {
-        return _mm512_mul_ps(WideLogitsVector<4, 4, kCode>(q, k, tile.head_dim, lut), scale);
-      },
-      w, &vmax, &nan);
   DecodeTileState next;
-  if (!DecodeTileSoftmax(w, tile.n, vmax, nan, rows, state.m, state.l, &next)) return false;
-  next.Commit(rows, state.m, state.l);
+  const auto block = [&](const void* const* k) RPA_AVX512_TARGET {
+    return _mm512_mul_ps(WideLogitsVector<4, 4, kCode>(q, k, tile.head_dim, lut), scale);
+  };
+  if (!DecodeTileWeights(tile, rows, block, state, w, &next)) return false;
   PvPass a = PassOver(tile, state);
   a.p = w;
   a.rows = rows;
