@@ -18,6 +18,7 @@ struct MetadataCopy {
   std::vector<int32_t> cu_q_lens;     // [num_seqs + 1]
   std::vector<int32_t> page_indices;  // [pages read]: sequence i's from page_begin[i] on
   std::vector<int64_t> page_begin;    // [num_seqs + 1]
+  std::vector<float> alibi_slopes;    // [num_q_heads] when the problem has them
 
   // Points the problem's metadata here.
   void Bind(AttentionProblem& p) const {
@@ -25,6 +26,15 @@ struct MetadataCopy {
     p.cu_q_lens = cu_q_lens.data();
     p.page_indices = page_indices.data();
     p.page_begin = page_begin.data();
+  }
+
+  // The options' arrays a plan keeps its own copy of (ALiBi slopes): copied
+  // here and the problem pointed at the copies.
+  void CopyOptionArrays(AttentionProblem& p) {
+    if (p.alibi_slopes != nullptr) {
+      alibi_slopes.assign(p.alibi_slopes, p.alibi_slopes + p.num_q_heads);
+      p.alibi_slopes = alibi_slopes.data();
+    }
   }
 };
 

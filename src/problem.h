@@ -71,6 +71,9 @@ struct AttentionProblem {
   float soft_cap = 0.0f;        // 0: no soft cap.
   int64_t sliding_window = 0;   // 0: no window (always 0 when not causal).
   bool causal = true;           // false: every row sees all its kv_len keys.
+  // [num_q_heads] or null: logit += alibi_slopes[h] * (key - query position),
+  // before the soft cap.
+  const float* alibi_slopes = nullptr;
   float k_scale = 1.0f;
   float v_scale = 1.0f;
   int64_t num_kv_pages_per_block = 0;  // 0: chosen by the library.

@@ -66,6 +66,7 @@ void ReferenceAttention(const AttentionProblem& p) {
             double dot = 0.0;
             for (int64_t d = 0; d < p.head_dim; ++d) dot += q_row[d] * keys[t * p.head_dim + d];
             double logit = dot * p.sm_scale;
+            if (p.alibi_slopes != nullptr) logit += p.alibi_slopes[h] * static_cast<double>(t - position);
             if (p.soft_cap != 0.0f) logit = p.soft_cap * std::tanh(logit / p.soft_cap);
             const bool masked = p.causal && (t > position || (p.sliding_window > 0 &&
                                                               t <= position - p.sliding_window));

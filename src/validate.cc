@@ -170,16 +170,35 @@ void BindMetadata(const TensorView& kv_lens, const TensorView& page_indices,
   p.cu_q_lens = static_cast<const int32_t*>(cu_q_lens.data);
 }
 
+// A float32 [num_q_heads] option (sinks, alibi_slopes): its shape, dtype
+// and layout; returns its values.
+const float* CheckPerHead(const TensorView& t, std::string_view name, std::string_view what,
+                          const AttentionProblem& p) {
+  RPA_CHECK(t.rank == 1 && t.shape[0] == p.num_q_heads, ErrorKind::kShape,
+            StrCat(name, ".shape=", t.ShapeString(), " must be (",
+                   NameEq("num_q_heads", p.num_q_heads), ",)."),
+            StrCat("Pass one ", what, " per q head, or None for no ", name, "."));
+  RPA_CHECK(t.dtype == DType::kF32, ErrorKind::kDtype,
+            StrCat(name, ".dtype=", PyRepr(t.dtype), " must be float32."),
+            StrCat("Cast ", name, " to float32."));
+  CheckInnermostContiguous(t, name);
+  return static_cast<const float*>(t.data);
+}
+
+void BindAlibi(const TensorView& slopes, AttentionProblem& p) {
+  const float* values = CheckPerHead(slopes, "alibi_slopes", "slope", p);
+  for (int64_t h = 0; h < p.num_q_heads; ++h) {
+    RPA_CHECK(std::isfinite(values[h]), ErrorKind::kOption,
+              StrCat("alibi_slopes[", h, "]=", static_cast<double>(values[h]),
+                     " must be finite."),
+              "Pass the model's ALiBi slopes (e.g. 2^(-8 (h + 1) / num_q_heads)), 0 for a head "
+              "without a bias.");
+  }
+  p.alibi_slopes = values;
+}
+
 void BindSinks(const TensorView& sinks, AttentionProblem& p) {
-  RPA_CHECK(sinks.rank == 1 && sinks.shape[0] == p.num_q_heads, ErrorKind::kShape,
-            StrCat("sinks.shape=", sinks.ShapeString(), " must be (", NameEq("num_q_heads", p.num_q_heads),
-                   ",)."),
-            "Pass one sink logit per q head, or None for no sinks.");
-  RPA_CHECK(sinks.dtype == DType::kF32, ErrorKind::kDtype,
-            StrCat("sinks.dtype=", PyRepr(sinks.dtype), " must be float32."),
-            "Cast sinks to float32.");
-  CheckInnermostContiguous(sinks, "sinks");
-  const auto* values = static_cast<const float*>(sinks.data);
+  const float* values = CheckPerHead(sinks, "sinks", "sink logit", p);
   for (int64_t h = 0; h < p.num_q_heads; ++h) {
     RPA_CHECK(!std::isnan(values[h]) && values[h] != INFINITY, ErrorKind::kOption,
               StrCat("sinks[", h, "]=", static_cast<double>(values[h]), " must not be NaN or +inf."),
@@ -381,6 +400,7 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   CheckAligned(in.num_seqs, "num_seqs");
   if (options.sinks) BindSinks(*options.sinks, p);
   if (options.lse) BindLse(*options.lse, p);
+  if (options.alibi_slopes) BindAlibi(*options.alibi_slopes, p);
 
   p.q_dtype = in.q.dtype;
   p.q = in.q.data;
@@ -503,6 +523,7 @@ void CopyMetadata(int32_t num_seqs, const MetadataNames& names, AttentionProblem
   }
   copy.page_begin[num_seqs] = static_cast<int64_t>(copy.page_indices.size());
   copy.Bind(p);
+  copy.CopyOptionArrays(p);
   p.num_seqs = num_seqs;
 }
 

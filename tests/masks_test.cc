@@ -3,6 +3,8 @@
 //  - causal=false over every layout, dtype, GQA and page size, with q_len
 //    above, at and below kv_len, agrees with the reference; planned (JAX's
 //    and FlashInfer's page tables) it equals the one call bit for bit;
+//  - ALiBi (with causal, window, soft cap, causal=false) agrees with the
+//    reference in every layout; a plan keeps its own copy of the slopes;
 //  - a causal=false row equals the causal decode row of the same query over
 //    the same keys (each row made its own one-token sequence);
 //  - every new message, with nothing written.
@@ -225,6 +227,56 @@ TEST_P(NonCausalTest, PlanEqualsOneCall) {
   }
 }
 
+// ALiBi slopes as BLOOM's: 2^(-8 (h + 1) / num_q_heads).
+std::vector<float> AlibiSlopes(int64_t num_q_heads) {
+  std::vector<float> slopes;
+  for (int64_t h = 0; h < num_q_heads; ++h) {
+    slopes.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(num_q_heads)));
+  }
+  return slopes;
+}
+
+// Causal (plain, windowed, capped) and causal=false, every layout, against
+// the reference; decode rows included (the fused tiles must step aside).
+TEST_P(NonCausalTest, AlibiMatchesReference) {
+  const SyntheticBatch causal_batch =
+      MakeBatch(GetParam(), {{1, 40}, {5, 37}, {9, 9}, {1, 3}, {0, 0}, {40, 70}}, 17);
+  const SyntheticBatch free_batch = MakeBatch(GetParam(), NonCausalSequences(), 19);
+  const std::vector<float> slopes = AlibiSlopes(causal_batch.spec.num_q_heads);
+  const TensorView slopes_view(slopes.data(), DType::kF32,
+                               {static_cast<int64_t>(slopes.size())});
+  for (int variant = 0; variant < 4; ++variant) {
+    const SyntheticBatch& b = variant == 3 ? free_batch : causal_batch;
+    AttentionOptions options = BaseOptions(b);
+    options.alibi_slopes = slopes_view;
+    if (variant == 1) options.sliding_window = 6;
+    if (variant == 2) options.soft_cap = 3.0;
+    if (variant == 3) options.causal = false;
+    const std::vector<uint8_t> want = Attend(b, TableOf(b), options, Layout::kCombined, true);
+    for (Layout layout : kLayouts) {
+      ExpectClose(b, Attend(b, TableOf(b), options, layout, false), want,
+                  std::string(ToString(layout)) + " variant " + std::to_string(variant));
+    }
+  }
+}
+
+// A plan keeps its own copy of the slopes.
+TEST_P(NonCausalTest, AlibiPlanKeepsItsCopy) {
+  const SyntheticBatch b = MakeBatch(GetParam(), {{1, 40}, {5, 37}}, 23);
+  std::vector<float> slopes = AlibiSlopes(b.spec.num_q_heads);
+  AttentionOptions options = BaseOptions(b);
+  options.alibi_slopes =
+      TensorView(slopes.data(), DType::kF32, {static_cast<int64_t>(slopes.size())});
+  options.num_threads = 2;
+  const std::vector<uint8_t> want = Attend(b, TableOf(b), options, Layout::kCombined, false);
+  AttentionPlan plan;
+  plan.Plan(ShapeOf(b.Q(), b.KvPages()), TableOf(b), options);
+  std::fill(slopes.begin(), slopes.end(), NAN);
+  std::vector<uint8_t> out(b.q.size(), 0xEE);
+  plan.Run(b.Q(), b.KvPages(), b.OutView(out));
+  EXPECT_TRUE(out == want);
+}
+
 INSTANTIATE_TEST_SUITE_P(Masks, NonCausalTest, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
                            return param_info.param.Name();
@@ -275,6 +327,23 @@ TEST_F(MaskErrorTest, CausalKeepsTheQLenRule) {
   explicit_causal.causal = true;
   Expect(explicit_causal, ErrorKind::kMetadata,
          "q_len=4 must be less or equal to kv_len=3 at sequence 1.");
+}
+
+TEST_F(MaskErrorTest, AlibiSlopes) {
+  const int64_t heads = b_.spec.num_q_heads;
+  std::vector<float> slopes(static_cast<size_t>(heads) + 1, 0.5f);
+  std::vector<double> wide(static_cast<size_t>(heads), 0.5);
+  AttentionOptions options;
+  options.alibi_slopes = TensorView(slopes.data(), DType::kF32, {heads + 1});
+  Expect(options, ErrorKind::kShape,
+         "alibi_slopes.shape=(" + std::to_string(heads + 1) + ",) must be (num_q_heads=" +
+             std::to_string(heads) + ",). Pass one slope per q head, or None for no "
+             "alibi_slopes.");
+  options.alibi_slopes = TensorView(wide.data(), DType::kF64, {heads});
+  Expect(options, ErrorKind::kDtype, "alibi_slopes.dtype=dtype('float64') must be float32.");
+  slopes[1] = INFINITY;
+  options.alibi_slopes = TensorView(slopes.data(), DType::kF32, {heads});
+  Expect(options, ErrorKind::kOption, "alibi_slopes[1]=inf must be finite.");
 }
 
 // The fused write stores the new tokens at the last q_len positions: they

@@ -40,6 +40,10 @@ struct AttentionOptions {
   // q_len may exceed kv_len (encoders, cross attention); a sliding window
   // then is an error. None: true (JAX's causal attention).
   std::optional<bool> causal;
+  // f32 [num_q_heads]: ALiBi, logit += alibi_slopes[h] * (t - p) for key t
+  // and query position p (docs/contract.md §1.6), before the soft cap. A
+  // plan keeps its own copy.
+  std::optional<TensorView> alibi_slopes;
   // f32 [num_q_heads]: attention sinks, one raw logit per q head that joins
   // each row's softmax denominator only (no value, no sm_scale, no soft cap).
   std::optional<TensorView> sinks;

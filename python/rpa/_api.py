@@ -116,6 +116,10 @@ def _cache(kv_pages, kv_layout, kv_dtype):
   return k, v, kv_dtype
 
 
+def _optional_array(x):
+  return None if x is None else _as_array(x)
+
+
 def _lse_like(q):
   """float32[q.shape[0], q.shape[1]] of q's kind."""
   shape = tuple(q.shape[:2])
@@ -182,6 +186,7 @@ def ragged_paged_attention(
     num_threads: int | None = None,
     out=None,
     causal: bool = True,
+    alibi_slopes=None,
 ):
   """Ragged paged attention that supports mixed prefill and decode.
 
@@ -226,6 +231,10 @@ def ragged_paged_attention(
     causal: rpa's: False lets every query row of a sequence see all of its
       kv_lens[i] keys (encoders, rerankers, cross attention); q_len may then
       exceed kv_len. A sliding window needs causal=True.
+    alibi_slopes: rpa's: float32[num_q_heads] ALiBi slopes: each logit gets
+      alibi_slopes[h] * (t - p) added (key position t, the query's position
+      p = kv_len - q_len + j), before the soft cap, as in vLLM and
+      FlashInfer; None for none.
 
   Returns:
     The attention output, of q's shape and dtype and of q's kind (a torch
@@ -245,7 +254,8 @@ def ragged_paged_attention(
       soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal)
+      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal,
+      alibi_slopes=_optional_array(alibi_slopes))
 
 
 def ref_ragged_paged_attention(
@@ -272,6 +282,7 @@ def ref_ragged_paged_attention(
     num_threads: int | None = None,
     out=None,
     causal: bool = True,
+    alibi_slopes=None,
 ):
   """The reference ragged paged attention: the oracle rpa is tested against.
 
@@ -290,8 +301,8 @@ def ref_ragged_paged_attention(
     num_seqs: int32[1].
     sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
     num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
-    kv_layout, kv_dtype, sinks, return_lse, num_threads, out, causal: as for
-    `ragged_paged_attention`.
+    kv_layout, kv_dtype, sinks, return_lse, num_threads, out, causal,
+    alibi_slopes: as for `ragged_paged_attention`.
 
   Returns:
     An array of queries' shape, dtype and kind. Unlike JAX's reference, which
@@ -307,7 +318,8 @@ def ref_ragged_paged_attention(
       soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal)
+      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal,
+      alibi_slopes=_optional_array(alibi_slopes))
 
 
 def _validate(dynamic, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
@@ -339,6 +351,7 @@ def static_validate_inputs(
     kv_dtype=None,
     sinks=None,
     causal: bool = True,
+    alibi_slopes=None,
 ):
   """Checks shapes, dtypes, layouts and options, without reading the metadata.
 
@@ -361,7 +374,7 @@ def static_validate_inputs(
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
             num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
-            causal=causal)
+            causal=causal, alibi_slopes=_optional_array(alibi_slopes))
 
 
 def dynamic_validate_inputs(
@@ -385,6 +398,7 @@ def dynamic_validate_inputs(
     kv_dtype=None,
     sinks=None,
     causal: bool = True,
+    alibi_slopes=None,
 ):
   """The static checks, then the metadata's values.
 
@@ -407,7 +421,7 @@ def dynamic_validate_inputs(
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
             num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
-            causal=causal)
+            causal=causal, alibi_slopes=_optional_array(alibi_slopes))
 
 
 def paged_attention(

@@ -19,7 +19,8 @@ from ._api import _as_array, _as_codes, _dtype_name, _empty_like, _error, _is_ar
 _LAYOUTS = ("combined", "NHD", "HND")
 # plan()'s options beyond the shape, each None when not given.
 _PLAN_OPTIONS = ("sliding_window", "window_left", "soft_cap", "mask_value", "k_scale", "v_scale",
-                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes", "causal")
+                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes", "causal",
+                 "alibi_slopes")
 # FlashInfer's names that plan() accepts beside rpa's.
 _ALIASES = ("logits_soft_cap",)
 
@@ -109,6 +110,8 @@ class BatchAttention:
       sm_scale = _default_sm_scale(head_dim)
     options["soft_cap"] = _soft_cap(options)
     options.pop("logits_soft_cap", None)
+    if options.get("alibi_slopes") is not None:
+      options["alibi_slopes"] = _as_array(options["alibi_slopes"])
     self._plan_object.plan(
         form, *(_as_array(t) for t in tables), num_tokens=num_tokens, num_q_heads=num_q_heads,
         num_kv_heads=num_kv_heads, head_dim=head_dim, num_pages=num_pages,
@@ -143,6 +146,8 @@ class BatchAttention:
         an error), mask_value, k_scale, v_scale, num_kv_pages_per_block,
         num_queries_per_block, vmem_limit_bytes: as for
         rpa.ragged_paged_attention; k_scale / v_scale are the runs' defaults.
+      alibi_slopes: float32[num_q_heads] ALiBi slopes, as for
+        rpa.ragged_paged_attention; the plan keeps its own copy.
       causal: None or True: causal attention (rpa's default; FlashInfer's
         plan defaults to False); False: every row sees all of its
         sequence's keys, and q_len may exceed kv_len.

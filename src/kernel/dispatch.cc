@@ -52,8 +52,9 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
     TaskKernels& decode = choice.classes[static_cast<int>(TaskClass::kDecode)];
     decode.products = &kAvx512Wide;
     choice.classes[static_cast<int>(TaskClass::kMiddle)].products = &kAvx512Wide;
-    // The fused tiles keep no soft cap (their exp has no tanh before it).
-    if (problem.soft_cap == 0.0f) {
+    // The fused tiles keep no soft cap (their exp has no tanh before it)
+    // and add no ALiBi bias.
+    if (problem.soft_cap == 0.0f && problem.alibi_slopes == nullptr) {
       int i = 0;
       if (fp8 && cpu.avx512fp16) decode.fused[i++] = &kAvx512Fp16Decode;
       decode.fused[i] = &kAvx512WideDecode;

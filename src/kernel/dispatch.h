@@ -22,7 +22,8 @@
 // hardware: tested on its scalar tile model, ScopedAmxEmulation).
 //
 // "a > b" is a fused tile a, falling back to b on a tile it declines. The
-// fused tiles run only without a soft cap, on tiles every row sees whole.
+// fused tiles run only without a soft cap and ALiBi, on tiles every row sees
+// whole.
 // Why: docs/kernel.md, Dispatch (the widening path beats vdpbf16ps end to
 // end on the CPUs measured; packing a tile to f32 once pays from 32 rows
 // on; the f16 tile is the cheapest 8-bit decode).

@@ -34,6 +34,7 @@ struct SoftmaxParams {
   float soft_cap;     // 0: none.
   float mask_value;
   bool vanish;        // Masked keys get weight exactly 0.
+  bool alibi;         // Add RowKeys::alibi_slope * (t - pos) before the cap.
 };
 
 // The keys of one row's tile.
@@ -44,6 +45,8 @@ struct RowKeys {
   int64_t t0 = 0;      // The tile's keys [t0, t0 + n) ...
   int64_t n = 0;
   int64_t n_pad = 0;   // ... with logits up to RoundUp(n, Lanes) in s.
+  int64_t pos = 0;     // The row's query position (ALiBi's origin).
+  float alibi_slope = 0.0f;
 };
 
 // Turns one row's logits s [n_pad] into weights in place and updates its
@@ -70,6 +73,11 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   for (int64_t i = 0; i < n_pad; i += lanes) {
     VF x = hn::Mul(hn::LoadU(df, s + i), scale);
     const auto index = hn::Add(iota, hn::Set(di, static_cast<int32_t>(i)));
+    if (sp.alibi) {  // + slope * (t - pos), t = t0 + index.
+      const VF distance =
+          hn::ConvertTo(df, hn::Add(index, hn::Set(di, static_cast<int32_t>(keys.t0 - keys.pos))));
+      x = hn::MulAdd(hn::Set(df, keys.alibi_slope), distance, x);
+    }
     const auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
     vnan = hn::Or(vnan, hn::VecFromMask(df, hn::And(valid, hn::IsNaN(x))));
     if (sp.soft_cap != 0.0f) {

@@ -7,6 +7,7 @@
 //
 // Per KV tile of n keys (row pointers k_i, v_i into the pages):
 //   S[r][i] = (q_r . k_i) * sm_scale * k_scale      // kernel logits
+//   S += alibi ? slope_h * (t0 + i - pos_r) : 0      // ALiBi (no fused tiles)
 //   S = soft_cap ? c * tanh(S / c) : S; keys outside the row's visible
 //   range (causal, window; AttentionProblem::VisibleKeys): -inf (skipped when
 //   mask_value <= -1e4, docs/contract.md §1) or S + mask_value
@@ -131,6 +132,7 @@ TaskContext MakeContext(const AttentionProblem& pr, const KernelTask& task,
   c.softmax.soft_cap = pr.soft_cap;
   c.softmax.mask_value = pr.mask_value;
   c.softmax.vanish = pr.MaskedKeysVanish();
+  c.softmax.alibi = pr.alibi_slopes != nullptr;
   return c;
 }
 
@@ -212,10 +214,11 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
   keys.n = tile.n;
   keys.n_pad = RoundUp(tile.n, static_cast<int64_t>(hn::Lanes(DF())));
   for (int64_t r = r0; r < r0 + left; ++r) {
-    const AttentionProblem::KeyRange range =
-        c.pr->VisibleKeys(c.first_pos + (r % c.rows_per_head) / c.group, c.kv_len);
+    keys.pos = c.first_pos + (r % c.rows_per_head) / c.group;
+    const AttentionProblem::KeyRange range = c.pr->VisibleKeys(keys.pos, c.kv_len);
     keys.begin = range.begin;
     keys.end = range.end;
+    if (c.softmax.alibi) keys.alibi_slope = c.pr->alibi_slopes[c.HeadOf(r)];
     SoftmaxRow(c.softmax, keys, ws.s + r * ws.token_pad, c.State(r));
   }
   products.pv(s, tile, c.State(r0), ws.tile);

@@ -127,10 +127,11 @@ def softmax(x, axis):
 
 def numpy_ref(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_scale=1.0,
               sliding_window=None, soft_cap=None, mask_value=None, k_scale=None,
-              v_scale=None, causal=True):
+              v_scale=None, causal=True, alibi_slopes=None):
   """JAX's ref_ragged_paged_attention, ported to NumPy in float64.
 
   causal=False (rpa's): no causal mask; q_len may exceed kv_len.
+  alibi_slopes (rpa's): [num_q_heads], logit += slope * (key - position).
 
   Differences, all deliberate: only the pages a sequence reads are gathered
   (JAX gathers all of page_indices[i] and clamps out-of-range ones); the
@@ -167,6 +168,8 @@ def numpy_ref(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, 
     mask = (q_span < kv_span) & causal
     if sliding_window is not None:
       mask = np.logical_or(mask, q_span - sliding_window >= kv_span)
+    if alibi_slopes is not None:
+      attn = attn + np.asarray(alibi_slopes, np.float64)[:, None, None] * (kv_span - q_span)
     if soft_cap is not None:
       attn = soft_cap * np.tanh(attn / soft_cap)
     attn = attn + np.where(mask, mask_value, 0.0)

@@ -147,3 +147,55 @@ def test_run_writes_lse_into_the_callers_buffer(rng):
   with pytest.raises(rpa.Error, match=r"^lse\.shape=\(\d+, 3\) must be "):
     w.run(b.q, b.kv_pages, lse=bad, out=out3)
   assert np.all(bad == 5.0) and np.all(out3 == 7.0)
+
+
+# ---- ALiBi.
+
+
+def _slopes(n):
+  return np.exp2(-8.0 * np.arange(1, n + 1) / n).astype(np.float32)
+
+
+@pytest.mark.parametrize("layout", ["combined", "NHD", "HND"])
+@pytest.mark.parametrize("options", [dict(), dict(sliding_window=5), dict(soft_cap=2.0),
+                                     dict(causal=False)])
+def test_alibi_matches_numpy_reference(rng, layout, options):
+  seqs = SEQS if options.get("causal") is False else [(1, 9), (5, 5), (0, 0), (3, 17), (1, 1)]
+  b = make_batch(rng, seqs, **HEADS)
+  slopes = _slopes(HEADS["num_q_heads"])
+  want = numpy_ref(*b.args, sm_scale=SCALE, alibi_slopes=slopes, **options)
+  kv, kw = _layout_args(b, layout)
+  got = rpa.ragged_paged_attention(b.q, kv, *b.args[2:], sm_scale=SCALE, alibi_slopes=slopes,
+                                   **options, **kw)
+  assert max_abs_diff(got, want) <= tolerance(np.float32)
+  # The bias matters: without it the result differs.
+  assert max_abs_diff(rpa.ragged_paged_attention(b.q, kv, *b.args[2:], sm_scale=SCALE,
+                                                 **options, **kw), want) > 1e-3
+
+
+def test_alibi_plan_and_torch_op(rng):
+  torch = pytest.importorskip("torch")
+  import rpa.torch  # noqa: F401
+
+  b = make_batch(rng, [(1, 9), (5, 5), (3, 17)], **HEADS)
+  slopes = _slopes(HEADS["num_q_heads"])
+  want = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, alibi_slopes=slopes)
+  w = rpa.BatchAttention()
+  _plan(w, b, alibi_slopes=slopes.copy())
+  assert np.array_equal(w.run(b.q, b.kv_pages), want)
+  got = torch.ops.rpa.ragged_paged_attention(*(to_torch(a) for a in b.args), sm_scale=SCALE,
+                                             alibi_slopes=torch.from_numpy(slopes))
+  assert np.array_equal(got.numpy(), want)
+
+
+def test_alibi_messages(rng):
+  b = make_batch(rng, [(1, 9)], **HEADS)
+  out = np.full_like(b.q, 7.0)
+  with pytest.raises(rpa.Error, match=r"^alibi_slopes\.shape=\(3,\) must be \(num_q_heads=4,\)"):
+    rpa.ragged_paged_attention(*b.args, alibi_slopes=np.zeros(3, np.float32), out=out)
+  with pytest.raises(rpa.Error, match=r"^alibi_slopes\.dtype=dtype\('float64'\) must be float32"):
+    rpa.ragged_paged_attention(*b.args, alibi_slopes=np.zeros(4), out=out)
+  with pytest.raises(rpa.Error, match=r"^alibi_slopes\[2\]=nan must be finite\."):
+    rpa.ragged_paged_attention(*b.args, alibi_slopes=np.array([0, 0, np.nan, 0], np.float32),
+                               out=out)
+  assert np.all(out == 7.0)
