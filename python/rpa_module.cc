@@ -514,12 +514,12 @@ std::optional<int> OptionalThreads(py::handle value) {
 struct RaggedKwargs {
   py::object sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
       num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, num_threads, causal,
-      alibi_slopes;
+      alibi_slopes, custom_mask, packed_custom_mask;
 };
 
 // The arrays an AttentionOptions views: they must outlive the call.
 struct OptionArrays {
-  Array alibi_slopes;
+  Array alibi_slopes, custom_mask, packed_custom_mask;
 };
 
 std::optional<rpa::TensorView> OptionalArray(py::handle value, const char* name, Array& array) {
@@ -542,6 +542,9 @@ rpa::AttentionOptions ToOptions(const RaggedKwargs& kw, OptionArrays& arrays) {
   o.num_threads = OptionalThreads(kw.num_threads);
   o.causal = OptionalBool(kw.causal, "causal");
   o.alibi_slopes = OptionalArray(kw.alibi_slopes, "alibi_slopes", arrays.alibi_slopes);
+  o.custom_mask = OptionalArray(kw.custom_mask, "custom_mask", arrays.custom_mask);
+  o.packed_custom_mask =
+      OptionalArray(kw.packed_custom_mask, "packed_custom_mask", arrays.packed_custom_mask);
   return o;
 }
 
@@ -1202,12 +1205,12 @@ PYBIND11_MODULE(_rpa, m) {
          py::object k_scale, py::object v_scale, py::object num_kv_pages_per_block,
          py::object num_queries_per_block, py::object vmem_limit_bytes,
          py::object num_threads, py::object kv_dtype, py::object causal,
-         py::object alibi_slopes) {
+         py::object alibi_slopes, py::object custom_mask, py::object packed_custom_mask) {
         return Ragged(reference, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
                       out, sinks, lse, kv_dtype,
                       {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
                        num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
-                       num_threads, causal, alibi_slopes});
+                       num_threads, causal, alibi_slopes, custom_mask, packed_custom_mask});
       },
       py::arg("reference"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
@@ -1220,6 +1223,8 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
       py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
       py::arg("alibi_slopes").none(true) = py::none(),
+      py::arg("custom_mask").none(true) = py::none(),
+      py::arg("packed_custom_mask").none(true) = py::none(),
       "Runs a ragged call into `out` and returns it; see rpa.ragged_paged_attention.");
 
   m.def(
@@ -1231,12 +1236,14 @@ PYBIND11_MODULE(_rpa, m) {
          py::object mask_value, py::object k_scale, py::object v_scale,
          py::object num_kv_pages_per_block, py::object num_queries_per_block,
          py::object vmem_limit_bytes, py::object num_threads, py::object kv_dtype,
-         py::object causal, py::object alibi_slopes) {
+         py::object causal, py::object alibi_slopes, py::object custom_mask,
+         py::object packed_custom_mask) {
         return RaggedWithKVWrite(q, new_k, new_v, k, v, layout, kv_lens, page_indices,
                                  cu_q_lens, num_seqs, out, sinks, lse, kv_dtype,
                                  {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
                                   v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                  vmem_limit_bytes, num_threads, causal, alibi_slopes});
+                                  vmem_limit_bytes, num_threads, causal, alibi_slopes,
+                                  custom_mask, packed_custom_mask});
       },
       py::arg("q"), py::arg("new_k"), py::arg("new_v"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
@@ -1249,6 +1256,8 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
       py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
       py::arg("alibi_slopes").none(true) = py::none(),
+      py::arg("custom_mask").none(true) = py::none(),
+      py::arg("packed_custom_mask").none(true) = py::none(),
       "Writes new_k/new_v into the cache, then attends into `out` and returns it; see "
       "rpa.ragged_paged_attention_with_kv_write.");
 
@@ -1270,11 +1279,11 @@ PYBIND11_MODULE(_rpa, m) {
          py::object mask_value, py::object k_scale, py::object v_scale,
          py::object num_kv_pages_per_block, py::object num_queries_per_block,
          py::object vmem_limit_bytes, py::object kv_dtype, py::object causal,
-         py::object alibi_slopes) {
+         py::object alibi_slopes, py::object custom_mask, py::object packed_custom_mask) {
         Validate(dynamic, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs, sinks,
                  kv_dtype, {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
                   num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, py::none(),
-                  causal, alibi_slopes});
+                  causal, alibi_slopes, custom_mask, packed_custom_mask});
       },
       py::arg("dynamic"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
@@ -1286,6 +1295,8 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
       py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
       py::arg("alibi_slopes").none(true) = py::none(),
+      py::arg("custom_mask").none(true) = py::none(),
+      py::arg("packed_custom_mask").none(true) = py::none(),
       "Static (dynamic=False) or static and dynamic checks of a ragged call.");
 
   m.def("paged", &Paged, py::arg("q"), py::arg("k_pages"), py::arg("v_pages"),
@@ -1342,13 +1353,14 @@ PYBIND11_MODULE(_rpa, m) {
              py::object soft_cap, py::object mask_value, py::object k_scale, py::object v_scale,
              py::object num_kv_pages_per_block, py::object num_queries_per_block,
              py::object vmem_limit_bytes, py::object num_threads, py::object causal,
-             py::object alibi_slopes) {
+             py::object alibi_slopes, py::object custom_mask, py::object packed_custom_mask) {
             self.PlanFrom(form, {a, b, c, d},
                           PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
                                    page_size, q_dtype, kv_dtype, kv_layout, window_left,
                                    {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
                                     v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                    vmem_limit_bytes, num_threads, causal, alibi_slopes}});
+                                    vmem_limit_bytes, num_threads, causal, alibi_slopes,
+                                    custom_mask, packed_custom_mask}});
           },
           py::arg("form"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::kw_only(),
           py::arg("num_tokens").none(true), py::arg("num_q_heads"), py::arg("num_kv_heads"),
@@ -1361,6 +1373,8 @@ PYBIND11_MODULE(_rpa, m) {
           py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
           py::arg("num_threads").none(true), py::arg("causal").none(true) = py::none(),
           py::arg("alibi_slopes").none(true) = py::none(),
+          py::arg("custom_mask").none(true) = py::none(),
+          py::arg("packed_custom_mask").none(true) = py::none(),
           "Plans from JAX's page table (form='jax': kv_lens, page_indices, cu_q_lens, "
           "num_seqs) or FlashInfer's (form='csr': qo_indptr, kv_indptr, kv_indices, "
           "kv_last_page_len).")

@@ -165,8 +165,8 @@ void CopyCsrMetadata(const CsrPageTable& csr, AttentionProblem& p, MetadataCopy&
     p.num_kv_pages_per_block = std::min(p.num_kv_pages_per_block, std::max<int64_t>(max_pages, 1));
   }
   copy.Bind(p);
-  copy.CopyOptionArrays(p);
   p.num_seqs = static_cast<int32_t>(batch);
+  copy.CopyOptionArrays(p);
 }
 
 }  // namespace internal

@@ -19,6 +19,8 @@ struct MetadataCopy {
   std::vector<int32_t> page_indices;  // [pages read]: sequence i's from page_begin[i] on
   std::vector<int64_t> page_begin;    // [num_seqs + 1]
   std::vector<float> alibi_slopes;    // [num_q_heads] when the problem has them
+  std::vector<uint8_t> mask_bits;     // The custom mask, packed (AttentionProblem::mask_bits).
+  std::vector<int64_t> mask_begin;    // [num_seqs]
 
   // Points the problem's metadata here.
   void Bind(AttentionProblem& p) const {
@@ -28,14 +30,10 @@ struct MetadataCopy {
     p.page_begin = page_begin.data();
   }
 
-  // The options' arrays a plan keeps its own copy of (ALiBi slopes): copied
+  // The options' arrays a plan keeps its own copy of (ALiBi slopes, the
+  // custom mask, checked against the copied lengths: validate.cc): copied
   // here and the problem pointed at the copies.
-  void CopyOptionArrays(AttentionProblem& p) {
-    if (p.alibi_slopes != nullptr) {
-      alibi_slopes.assign(p.alibi_slopes, p.alibi_slopes + p.num_q_heads);
-      p.alibi_slopes = alibi_slopes.data();
-    }
-  }
+  void CopyOptionArrays(AttentionProblem& p);
 };
 
 }  // namespace rpa::internal

@@ -199,3 +199,122 @@ def test_alibi_messages(rng):
     rpa.ragged_paged_attention(*b.args, alibi_slopes=np.array([0, 0, np.nan, 0], np.float32),
                                out=out)
   assert np.all(out == 7.0)
+
+
+# ---- Custom masks.
+
+
+def _random_mask(rng, b):
+  """A flat bool mask over the batch's live sequences: dense, sparse, empty
+  and prefix rows."""
+  rows = []
+  for i in range(int(b.num_seqs[0])):
+    q_len, kv_len = int(b.cu_q_lens[i + 1] - b.cu_q_lens[i]), int(b.kv_lens[i])
+    for _ in range(q_len):
+      kind = rng.integers(4)
+      row = (rng.random(kv_len) < 0.75 if kind == 0 else rng.random(kv_len) < 0.15 if kind == 1
+             else np.zeros(kv_len, bool) if kind == 2 else np.arange(kv_len) < kv_len // 2)
+      rows.append(row)
+  return np.concatenate(rows + [np.zeros(0, bool)])
+
+
+def _pack(b, flat):
+  """FlashInfer's segment_packbits(flat, indptr, bitorder="little")."""
+  out, at = [], 0
+  for i in range(int(b.num_seqs[0])):
+    n = int(b.cu_q_lens[i + 1] - b.cu_q_lens[i]) * int(b.kv_lens[i])
+    out.append(np.packbits(flat[at:at + n], bitorder="little"))
+    at += n
+  return np.concatenate(out + [np.zeros(0, np.uint8)]).astype(np.uint8)
+
+
+@pytest.mark.parametrize("layout", ["combined", "NHD", "HND"])
+def test_custom_mask_matches_numpy_reference(rng, layout):
+  b = make_batch(rng, SEQS, **HEADS)
+  mask = _random_mask(rng, b)
+  want = numpy_ref(*b.args, sm_scale=SCALE, custom_mask=mask)
+  kv, kw = _layout_args(b, layout)
+  args = (b.q, kv) + b.args[2:]
+  got, lse = rpa.ragged_paged_attention(*args, sm_scale=SCALE, custom_mask=mask,
+                                        return_lse=True, **kw)
+  assert max_abs_diff(got, want) <= tolerance(np.float32)
+  assert np.array_equal(rpa.ragged_paged_attention(*args, sm_scale=SCALE,
+                                                   packed_custom_mask=_pack(b, mask), **kw), got)
+  ref = rpa.ref_ragged_paged_attention(*args, sm_scale=SCALE, custom_mask=mask, **kw)
+  assert max_abs_diff(ref, want) <= tolerance(np.float32)
+  # A row without a kept key: 0, LSE -inf.
+  assert np.isneginf(lse).any()
+  assert np.all(got[np.isneginf(lse[:, 0])] == 0)
+
+
+def test_causal_mask_is_the_causal_call(rng):
+  b = make_batch(rng, [(1, 9), (5, 5), (0, 0), (3, 17), (4, 11)], **HEADS)
+  rows = []
+  for i in range(int(b.num_seqs[0])):
+    q_len, kv_len = int(b.cu_q_lens[i + 1] - b.cu_q_lens[i]), int(b.kv_lens[i])
+    p = kv_len - q_len + np.arange(q_len)[:, None]
+    rows.append((np.arange(kv_len)[None] <= p).reshape(-1))
+  mask = np.concatenate(rows)
+  want = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE)
+  got = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, custom_mask=mask)
+  assert max_abs_diff(got, want) <= 1e-6
+
+
+@pytest.mark.parametrize("form", ["jax", "csr"])
+def test_batch_attention_custom_mask_equals_one_call(rng, form):
+  b = make_batch(rng, SEQS, **HEADS)
+  mask = _random_mask(rng, b)
+  want = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, custom_mask=mask, num_threads=2)
+  w = rpa.BatchAttention(num_threads=2)
+  shape = dict(HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype)
+  packed = _pack(b, mask)
+  if form == "jax":
+    w.plan(*b.args[2:], num_tokens=b.q.shape[0], packed_custom_mask=packed, **shape)
+    packed[:] = 0  # The plan keeps its own copy.
+    assert np.array_equal(w.run(b.q, b.kv_pages), want)
+  else:
+    w.plan_csr(*_csr(b), custom_mask=mask, causal=False, **shape)
+    mask[:] = False
+    live = int(b.cu_q_lens[b.num_seqs[0]])
+    assert np.array_equal(w.run(b.q[:live], b.kv_pages), want[:live])
+
+
+def test_torch_bool_mask(rng):
+  torch = pytest.importorskip("torch")
+  b = make_batch(rng, SEQS, **HEADS)
+  mask = _random_mask(rng, b)
+  want = rpa.ragged_paged_attention(*b.args, sm_scale=SCALE, custom_mask=mask)
+  got = rpa.ragged_paged_attention(*(to_torch(a) for a in b.args), sm_scale=SCALE,
+                                   custom_mask=torch.from_numpy(mask))
+  assert np.array_equal(got.numpy(), want)
+
+
+def test_custom_mask_messages(rng):
+  b = make_batch(rng, [(2, 5), (4, 3)], **HEADS)
+  mask = np.ones(22, bool)
+  out = np.full_like(b.q, 7.0)
+
+  def call(**options):
+    rpa.ragged_paged_attention(*b.args, out=out, **options)
+
+  with pytest.raises(rpa.Error, match=r"^custom_mask\.dtype=uint8 must be bool\. ") as e:
+    call(custom_mask=mask.astype(np.uint8))
+  assert e.value.kind == "dtype"
+  with pytest.raises(rpa.Error, match=r"^custom_mask and packed_custom_mask are the same mask"):
+    call(custom_mask=mask, packed_custom_mask=_pack(b, mask))
+  with pytest.raises(rpa.Error, match=r"^causal=True and custom_mask are two masks"):
+    call(custom_mask=mask, causal=True)
+  with pytest.raises(rpa.Error, match=r"^sliding_window=3 must be None with custom_mask\."):
+    call(custom_mask=mask, sliding_window=3)
+  with pytest.raises(rpa.Error, match=r"^custom_mask\.shape=\(21,\) must be \(22,\): the sum"):
+    call(custom_mask=mask[:21])
+  with pytest.raises(rpa.Error, match=r"^packed_custom_mask\.shape=\(5,\) must be \(4,\)"):
+    call(packed_custom_mask=np.zeros(5, np.uint8))
+  with pytest.raises(rpa.Error, match=r"^packed_custom_mask\.dtype=dtype\('int8'\) must be uint8"):
+    call(packed_custom_mask=np.zeros(4, np.int8))
+  assert np.all(out == 7.0)
+  w = rpa.BatchAttention()
+  with pytest.raises(rpa.Error, match=r"^custom_mask\.shape=\(21,\) must be \(22,\)"):
+    w.plan(*b.args[2:], **HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype,
+           custom_mask=mask[:21])
+  assert not w.info["planned"]
