@@ -318,3 +318,70 @@ def test_custom_mask_messages(rng):
     w.plan(*b.args[2:], **HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype,
            custom_mask=mask[:21])
   assert not w.info["planned"]
+
+
+# ---- Cascade (shared-prefix) attention.
+
+
+def _cascade_case(rng, own, prefix_pages=3, layout="NHD"):
+  """Requests sharing a prefix of prefix_pages pages; own[i] = (q_len, own
+  tokens). Returns (batch, flat CSR tables, level tables): the flat tables
+  list the prefix pages in every request."""
+  page_size = HEADS["page_size"]
+  seqs = [(q, prefix_pages * page_size + n) for q, n in own]
+  b = make_batch(rng, seqs, pad_tokens=0, **HEADS)
+  # Every request's first prefix_pages pages: make them request 0's.
+  for i in range(1, len(own)):
+    b.page_indices[i, :prefix_pages] = b.page_indices[0, :prefix_pages]
+  flat = _csr(b)
+  rows = int(b.cu_q_lens[len(own)])
+  shared = (np.array([0, rows], np.int32), np.array([0, prefix_pages], np.int32),
+            b.page_indices[0, :prefix_pages].copy(), np.array([page_size], np.int32))
+  unique_pages = [-(-n // page_size) for _, n in own]
+  unique = (b.cu_q_lens[:len(own) + 1].copy(),
+            np.concatenate([[0], np.cumsum(unique_pages)]).astype(np.int32),
+            np.concatenate([b.page_indices[i, prefix_pages:prefix_pages + p]
+                            for i, p in enumerate(unique_pages)]).astype(np.int32),
+            np.array([n - (p - 1) * page_size for (_, n), p in zip(own, unique_pages)],
+                     np.int32))
+  return b, flat, [shared, unique]
+
+
+@pytest.mark.parametrize("layout", ["combined", "NHD", "HND"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cascade_equals_the_flat_call(rng, layout, causal):
+  b, flat, levels = _cascade_case(rng, [(1, 5), (3, 9), (1, 1), (2, 4)])
+  shape = dict(HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype)
+  kv = b.kv_pages if layout == "combined" else b.split(layout)
+  w_flat = rpa.BatchAttention(kv_layout=layout)
+  w_flat.plan_csr(*flat, **shape, causal=causal, soft_cap=3.0)
+  want, want_lse = w_flat.run(b.q, kv, return_lse=True)
+  w = rpa.CascadeAttention(2, kv_layout=layout)
+  w.plan(*(list(t) for t in zip(*levels)), **shape, causal=causal, soft_cap=3.0)
+  got, lse = w.run(b.q, kv, return_lse=True)
+  assert max_abs_diff(got, want) <= 1e-5
+  assert max_abs_diff(lse, want_lse) <= 1e-5
+  # Three levels: an empty middle level (no keys, LSE -inf) changes nothing.
+  own = levels[1]
+  first = (own[0], np.arange(len(own[0]), dtype=np.int32) * 0, np.zeros(0, np.int32),
+           np.zeros(len(own[0]) - 1, np.int32))
+  w3 = rpa.CascadeAttention(3, kv_layout=layout)
+  w3.plan(*(list(t) for t in zip(levels[0], first, own)), **shape, causal=causal, soft_cap=3.0)
+  assert max_abs_diff(w3.run(b.q, kv), want) <= 1e-5
+
+
+def test_cascade_messages(rng):
+  b, _, levels = _cascade_case(rng, [(1, 5), (1, 3)])
+  shape = dict(HEADS, num_pages=b.kv_pages.shape[0], q_dtype=b.q.dtype)
+  with pytest.raises(rpa.Error, match=r"^num_levels=0 must be an int >= 1\. "):
+    rpa.CascadeAttention(0)
+  w = rpa.CascadeAttention(2)
+  tables = [list(t) for t in zip(*levels)]
+  with pytest.raises(rpa.Error, match=r"^kv_indptr_arr holds 1 page tables, but this "
+                     r"CascadeAttention has num_levels=2\. "):
+    w.plan(tables[0], tables[1][:1], tables[2], tables[3], **shape)
+  bad = [t.copy() for t in tables[2]]
+  bad[0][0] = 10**6
+  with pytest.raises(rpa.Error, match=r"^level 0: kv_indices\[0\]=1000000 must be in range") as e:
+    w.plan(tables[0], tables[1], bad, tables[3], **shape)
+  assert e.value.kind == "page_index"
