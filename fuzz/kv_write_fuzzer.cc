@@ -130,6 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (reason.empty()) {
     if (rows.extra_rows || rows.v_f64) reason = "new rows malformed";
     if (rows.elem_stride == 2 && c.head_dim > 1) reason = "new rows not contiguous";
+    if (reason.empty() && !NewTokensFit(c)) reason = "new tokens beyond kv_len";
   }
   const bool expect_error = !reason.empty();
 

@@ -63,6 +63,9 @@ void ChooseOptions(Input& in, bool raw, RaggedCase& c) {
   if (in.Byte() % 4 == 0) {
     o.vmem_limit_bytes = raw ? in.I64() : int64_t{in.Meta(1, 255)} * (1 + in.Byte() * 64);
   }
+  const uint8_t causal = in.Byte() % 8;
+  if (causal == 0) o.causal = false;
+  if (causal == 1) o.causal = true;
   const uint8_t t = in.Byte() % 16;
   if (t < 12) o.num_threads = 1 + t % 4;
   else if (t == 13) o.num_threads = 0;
@@ -86,6 +89,7 @@ std::string ModelError(const RaggedCase& c) {
   if (c.num_q_heads % c.num_kv_heads != 0) return "num_q_heads % num_kv_heads";
   if (!std::isfinite(o.sm_scale)) return "sm_scale";
   if (o.sliding_window && *o.sliding_window <= 0) return "sliding_window";
+  if (o.sliding_window && !c.Causal() && !c.want_mask) return "window without causal";
   if (o.soft_cap && (*o.soft_cap == 0.0 || !std::isfinite(*o.soft_cap))) return "soft_cap";
   if (o.mask_value && (std::isnan(*o.mask_value) || *o.mask_value == INFINITY)) return "mask";
   if (o.k_scale && !std::isfinite(*o.k_scale)) return "k_scale";
@@ -102,6 +106,13 @@ std::string ModelError(const RaggedCase& c) {
       if (std::isnan(s)) return "sink NaN";
     }
   }
+  if (c.want_alibi) {
+    for (float s : c.alibi_slopes) {
+      if (!std::isfinite(s)) return "alibi slope";
+    }
+  }
+  if (c.want_mask && o.causal.value_or(false)) return "causal with a mask";
+  if (c.want_mask && o.sliding_window) return "window with a mask";
   // Dynamic checks.
   const int64_t n = c.num_seqs[0];
   if (n < 0 || n > c.max_num_seqs) return "num_seqs range";
@@ -116,7 +127,7 @@ std::string ModelError(const RaggedCase& c) {
     if (c.cu_q_lens[i + 1] < c.cu_q_lens[i]) return "cu_q_lens decreasing";
   }
   if (c.cu_q_lens[n] > c.num_tokens) return "total q tokens";
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; c.Causal() && i < n; ++i) {
     if (c.QLen(i) > c.kv_lens[i]) return "q_len > kv_len";
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -126,7 +137,29 @@ std::string ModelError(const RaggedCase& c) {
       if (page < 0 || page >= c.num_pages) return "page index";
     }
   }
+  if (c.want_mask) {
+    int64_t keys = 0;
+    for (int64_t i = 0; i < n; ++i) keys += c.QLen(i) * c.kv_lens[i];
+    if (keys != static_cast<int64_t>(c.mask.size())) return "custom_mask size";
+  }
   return "";
+}
+
+// A flat mask for the live sequences (one entry off now and then, an
+// invalid call), when the metadata let one be sized.
+void ChooseMask(Input& in, RaggedCase& c) {
+  const int64_t n = c.num_seqs[0];
+  if (n < 0 || n > c.max_num_seqs) return;
+  int64_t keys = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (c.cu_q_lens[i + 1] < c.cu_q_lens[i] || c.kv_lens[i] < 0) return;
+    keys += c.QLen(i) * c.kv_lens[i];
+  }
+  if (keys > (1 << 16)) return;
+  c.want_mask = true;
+  const uint8_t density = in.Byte();
+  for (int64_t k = 0; k < keys; ++k) c.mask.push_back((in.Byte() ^ density) < density ? 1 : 0);
+  if (in.Byte() == 0) c.mask.push_back(1);
 }
 
 // Live (sequence, key) pairs whose page index is in range: where the cache
@@ -191,7 +224,7 @@ void InjectNonFinite(Input& in, RaggedCase& c) {
       if (token < c.cu_q_lens[i] || token >= c.cu_q_lens[i + 1]) continue;
       const int64_t position = int64_t{c.kv_lens[i]} - c.QLen(i) + (token - c.cu_q_lens[i]);
       const int64_t w = c.options.sliding_window.value_or(0);
-      return position == c.kv_lens[i] - 1 && (w == 0 || w > position);
+      return !c.Causal() || (position == c.kv_lens[i] - 1 && (w == 0 || w > position));
     }
     return true;  // A padding row: never read.
   };
@@ -211,7 +244,10 @@ void InjectNonFinite(Input& in, RaggedCase& c) {
     const int64_t kv_len = c.kv_lens[i];
     const int64_t q_len = c.QLen(i);
     const int64_t w = c.options.sliding_window.value_or(0);
-    const bool all_see = q_len == 0 || (t <= kv_len - q_len && (w == 0 || t > kv_len - 1 - w));
+    const bool all_see =
+        q_len == 0 || (c.want_mask ? c.KeptByAll(i, t)
+                                   : !c.Causal() || (t <= kv_len - q_len &&
+                                                     (w == 0 || t > kv_len - 1 - w)));
     int8_t& s = state[static_cast<size_t>(page * c.page_size + slot)];
     s = (all_see && s != 2) ? 1 : 2;
   });
@@ -347,7 +383,28 @@ AttentionOptions RaggedCase::BoundOptions(std::vector<float>* lse) const {
     }
   }
   if (want_lse && lse != nullptr) o.lse = LseView(*lse);
+  if (want_mask) {
+    o.custom_mask = TensorView(mask.data(), DType::kU8, {static_cast<int64_t>(mask.size())});
+  }
+  if (want_alibi) o.alibi_slopes = TensorView(alibi_slopes.data(), DType::kF32, {num_q_heads});
   return o;
+}
+
+bool RaggedCase::KeptByAll(int64_t seq, int64_t t) const {
+  if (!want_mask) return true;
+  int64_t at = 0;
+  for (int64_t i = 0; i < seq; ++i) at += QLen(i) * kv_lens[i];
+  for (int64_t r = 0; r < QLen(seq); ++r) {
+    if (mask[static_cast<size_t>(at + r * kv_lens[seq] + t)] == 0) return false;
+  }
+  return true;
+}
+
+bool NewTokensFit(const RaggedCase& c) {
+  for (int64_t i = 0; i < c.num_seqs[0]; ++i) {
+    if (c.QLen(i) > c.kv_lens[i]) return false;
+  }
+  return true;
 }
 
 std::string RaggedCase::Describe() const {
@@ -378,7 +435,9 @@ std::string RaggedCase::Describe() const {
   if (o.num_queries_per_block) s << " num_queries_per_block=" << *o.num_queries_per_block;
   if (o.vmem_limit_bytes) s << " vmem_limit_bytes=" << *o.vmem_limit_bytes;
   if (o.num_threads) s << " num_threads=" << *o.num_threads;
-  s << " sinks=" << want_sinks << " lse=" << want_lse;
+  if (o.causal) s << " causal=" << *o.causal;
+  s << " sinks=" << want_sinks << " lse=" << want_lse << " mask=" << want_mask << " ("
+    << mask.size() << " keys) alibi=" << want_alibi;
   if (!injected.empty()) s << "\n  injected:" << injected;
   s << "\n  model: "
     << (expect_error ? expect_reason : "valid");
@@ -453,6 +512,12 @@ RaggedCase MakeRaggedCase(Input& in) {
   if (c.perturb != Perturb::kKvLensShape) c.kv_lens.resize(static_cast<size_t>(M));
 
   ChooseOptions(in, raw, c);
+  if (in.Byte() % 4 == 0) ChooseMask(in, c);
+  if (in.Byte() % 4 == 0) {
+    c.want_alibi = true;
+    c.alibi_slopes.resize(static_cast<size_t>(std::max<int64_t>(c.num_q_heads, 0)));
+    for (float& s : c.alibi_slopes) s = raw ? static_cast<float>(in.F64()) : in.Unit() * 0.5f;
+  }
   c.sane = !raw;
   const uint64_t seed = in.U64();
   const bool sink_nan = c.want_sinks && in.Byte() == 7;

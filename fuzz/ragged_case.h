@@ -48,8 +48,11 @@ struct RaggedCase {
   std::vector<int32_t> cu_q_lens;     // [max_num_seqs + 1]
   std::vector<int32_t> num_seqs;      // [1] (or [2])
   std::vector<int64_t> kv_lens64;     // kKvLensDtype only.
-  AttentionOptions options;           // sinks / lse bound by the views below.
+  AttentionOptions options;           // sinks / lse / mask / slopes bound by the views below.
   bool want_sinks = false, want_lse = false;
+  bool want_mask = false, want_alibi = false;
+  std::vector<uint8_t> mask;          // Flat custom mask (one byte per key).
+  std::vector<float> alibi_slopes;    // [num_q_heads]
   bool sane = true;       // Numeric options where the contract's tolerances hold.
   bool nan_mode = false;  // NaN / inf injected where every reader sees it.
   Perturb perturb = Perturb::kNone;
@@ -86,6 +89,11 @@ struct RaggedCase {
   int64_t CacheOffset(int64_t page, int64_t slot, int64_t head, bool v) const;
   int64_t CacheElements() const;  // Of k (and of v, less its extra page).
   int64_t QLen(int64_t seq) const { return int64_t{cu_q_lens[seq + 1]} - cu_q_lens[seq]; }
+  // Whether the call is causal (docs/contract.md §1.6: none is causal unless a mask is given).
+  bool Causal() const { return options.causal.value_or(!want_mask); }
+  // Whether every query row of sequence seq keeps key t (always without a
+  // mask; the caller has checked the metadata).
+  bool KeptByAll(int64_t seq, int64_t t) const;
   std::string Describe() const;
 };
 
@@ -94,6 +102,10 @@ inline constexpr uint8_t kSentinel = 0xA5;
 // Builds a case from the fuzzer's bytes. `new_rows` reserves the fused KV
 // write's perturbations (none here).
 RaggedCase MakeRaggedCase(Input& in);
+
+// Whether each live sequence's new tokens fit in its kv_len (the fused KV
+// write's rule, whatever causal is).
+bool NewTokensFit(const RaggedCase& c);
 
 // Runs the combined or split entry point (reference or library).
 void CallRagged(const RaggedCase& c, bool reference, const AttentionOptions& options,

@@ -514,10 +514,22 @@ std::optional<int> OptionalThreads(py::handle value) {
 
 struct RaggedKwargs {
   py::object sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
-      num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, num_threads, causal;
+      num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, num_threads, causal,
+      alibi_slopes, custom_mask, packed_custom_mask;
 };
 
-rpa::AttentionOptions ToOptions(const RaggedKwargs& kw) {
+// The arrays an AttentionOptions views: they must outlive the call.
+struct OptionArrays {
+  Array alibi_slopes, custom_mask, packed_custom_mask;
+};
+
+std::optional<rpa::TensorView> OptionalArray(py::handle value, const char* name, Array& array) {
+  if (value.is_none()) return std::nullopt;
+  array = Array::Open(value, name, false);
+  return array.const_view();
+}
+
+rpa::AttentionOptions ToOptions(const RaggedKwargs& kw, OptionArrays& arrays) {
   rpa::AttentionOptions o;
   o.sm_scale = OptionalFloat(kw.sm_scale, "sm_scale").value_or(1.0);
   o.sliding_window = OptionalInt(kw.sliding_window, "sliding_window");
@@ -530,6 +542,10 @@ rpa::AttentionOptions ToOptions(const RaggedKwargs& kw) {
   o.vmem_limit_bytes = OptionalInt(kw.vmem_limit_bytes, "vmem_limit_bytes");
   o.num_threads = OptionalThreads(kw.num_threads);
   o.causal = OptionalBool(kw.causal, "causal");
+  o.alibi_slopes = OptionalArray(kw.alibi_slopes, "alibi_slopes", arrays.alibi_slopes);
+  o.custom_mask = OptionalArray(kw.custom_mask, "custom_mask", arrays.custom_mask);
+  o.packed_custom_mask =
+      OptionalArray(kw.packed_custom_mask, "packed_custom_mask", arrays.packed_custom_mask);
   return o;
 }
 
@@ -675,7 +691,8 @@ py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::
                   py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
                   py::handle num_seqs, py::handle out, py::handle sinks, py::handle lse,
                   py::handle kv_dtype, const RaggedKwargs& kwargs) {
-  rpa::AttentionOptions options = ToOptions(kwargs);
+  OptionArrays option_arrays;
+  rpa::AttentionOptions options = ToOptions(kwargs, option_arrays);
   const RaggedArrays a =
       RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
                          ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
@@ -721,7 +738,8 @@ void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, py::handle
               py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
               py::handle num_seqs, py::handle sinks, py::handle kv_dtype,
               const RaggedKwargs& kwargs) {
-  rpa::AttentionOptions options = ToOptions(kwargs);
+  OptionArrays option_arrays;
+  rpa::AttentionOptions options = ToOptions(kwargs, option_arrays);
   const RaggedArrays a =
       RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
                          ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
@@ -803,7 +821,8 @@ py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, p
                              py::handle page_indices, py::handle cu_q_lens, py::handle num_seqs,
                              py::handle out, py::handle sinks, py::handle lse,
                              py::handle kv_dtype, const RaggedKwargs& kwargs) {
-  rpa::AttentionOptions options = ToOptions(kwargs);
+  OptionArrays option_arrays;
+  rpa::AttentionOptions options = ToOptions(kwargs, option_arrays);
   const std::optional<rpa::DType> as = ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true);
   RaggedArrays a;
   a.layout = RaggedArrays::Layout(layout, v);
@@ -995,7 +1014,8 @@ class Plan {
   void PlanFrom(const std::string& form, const std::vector<py::handle>& tables,
                 const PlanArgs& args) {
     const rpa::AttentionShape shape = Shape(args);
-    const rpa::AttentionOptions options = Options(args);
+    OptionArrays option_arrays;
+    const rpa::AttentionOptions options = Options(args, option_arrays);
     const bool csr = form == "csr";
     const char* const names[2][4] = {{"kv_lens", "page_indices", "cu_q_lens", "num_seqs"},
                                      {"qo_indptr", "kv_indptr", "kv_indices",
@@ -1099,8 +1119,8 @@ class Plan {
         ToLayout(args.kv_layout)};
   }
 
-  static rpa::AttentionOptions Options(const PlanArgs& args) {
-    rpa::AttentionOptions options = ToOptions(args.options);
+  static rpa::AttentionOptions Options(const PlanArgs& args, OptionArrays& arrays) {
+    rpa::AttentionOptions options = ToOptions(args.options, arrays);
     const std::optional<int64_t> window_left = OptionalInt(args.window_left, "window_left");
     if (window_left) {
       if (options.sliding_window) {
@@ -1185,12 +1205,13 @@ PYBIND11_MODULE(_rpa, m) {
          py::object sliding_window, py::object soft_cap, py::object mask_value,
          py::object k_scale, py::object v_scale, py::object num_kv_pages_per_block,
          py::object num_queries_per_block, py::object vmem_limit_bytes,
-         py::object num_threads, py::object kv_dtype, py::object causal) {
+         py::object num_threads, py::object kv_dtype, py::object causal,
+         py::object alibi_slopes, py::object custom_mask, py::object packed_custom_mask) {
         return Ragged(reference, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
                       out, sinks, lse, kv_dtype,
                       {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
                        num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
-                       num_threads, causal});
+                       num_threads, causal, alibi_slopes, custom_mask, packed_custom_mask});
       },
       py::arg("reference"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
@@ -1202,6 +1223,9 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("num_kv_pages_per_block").none(true), py::arg("num_queries_per_block").none(true),
       py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
       py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
+      py::arg("alibi_slopes").none(true) = py::none(),
+      py::arg("custom_mask").none(true) = py::none(),
+      py::arg("packed_custom_mask").none(true) = py::none(),
       "Runs a ragged call into `out` and returns it; see rpa.ragged_paged_attention.");
 
   m.def(
@@ -1213,12 +1237,14 @@ PYBIND11_MODULE(_rpa, m) {
          py::object mask_value, py::object k_scale, py::object v_scale,
          py::object num_kv_pages_per_block, py::object num_queries_per_block,
          py::object vmem_limit_bytes, py::object num_threads, py::object kv_dtype,
-         py::object causal) {
+         py::object causal, py::object alibi_slopes, py::object custom_mask,
+         py::object packed_custom_mask) {
         return RaggedWithKVWrite(q, new_k, new_v, k, v, layout, kv_lens, page_indices,
                                  cu_q_lens, num_seqs, out, sinks, lse, kv_dtype,
                                  {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
                                   v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                  vmem_limit_bytes, num_threads, causal});
+                                  vmem_limit_bytes, num_threads, causal, alibi_slopes,
+                                  custom_mask, packed_custom_mask});
       },
       py::arg("q"), py::arg("new_k"), py::arg("new_v"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
@@ -1230,6 +1256,9 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("num_kv_pages_per_block").none(true), py::arg("num_queries_per_block").none(true),
       py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
       py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
+      py::arg("alibi_slopes").none(true) = py::none(),
+      py::arg("custom_mask").none(true) = py::none(),
+      py::arg("packed_custom_mask").none(true) = py::none(),
       "Writes new_k/new_v into the cache, then attends into `out` and returns it; see "
       "rpa.ragged_paged_attention_with_kv_write.");
 
@@ -1250,11 +1279,12 @@ PYBIND11_MODULE(_rpa, m) {
          py::handle sinks, py::object sm_scale, py::object sliding_window, py::object soft_cap,
          py::object mask_value, py::object k_scale, py::object v_scale,
          py::object num_kv_pages_per_block, py::object num_queries_per_block,
-         py::object vmem_limit_bytes, py::object kv_dtype, py::object causal) {
+         py::object vmem_limit_bytes, py::object kv_dtype, py::object causal,
+         py::object alibi_slopes, py::object custom_mask, py::object packed_custom_mask) {
         Validate(dynamic, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs, sinks,
                  kv_dtype, {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
                   num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, py::none(),
-                  causal});
+                  causal, alibi_slopes, custom_mask, packed_custom_mask});
       },
       py::arg("dynamic"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
       py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
@@ -1265,6 +1295,9 @@ PYBIND11_MODULE(_rpa, m) {
       py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
       py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
       py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
+      py::arg("alibi_slopes").none(true) = py::none(),
+      py::arg("custom_mask").none(true) = py::none(),
+      py::arg("packed_custom_mask").none(true) = py::none(),
       "Static (dynamic=False) or static and dynamic checks of a ragged call.");
 
   m.def("paged", &Paged, py::arg("q"), py::arg("k_pages"), py::arg("v_pages"),
@@ -1324,13 +1357,15 @@ PYBIND11_MODULE(_rpa, m) {
              py::object window_left, py::object sm_scale, py::object sliding_window,
              py::object soft_cap, py::object mask_value, py::object k_scale, py::object v_scale,
              py::object num_kv_pages_per_block, py::object num_queries_per_block,
-             py::object vmem_limit_bytes, py::object num_threads, py::object causal) {
+             py::object vmem_limit_bytes, py::object num_threads, py::object causal,
+             py::object alibi_slopes, py::object custom_mask, py::object packed_custom_mask) {
             self.PlanFrom(form, {a, b, c, d},
                           PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
                                    page_size, q_dtype, kv_dtype, kv_layout, window_left,
                                    {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
                                     v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                    vmem_limit_bytes, num_threads, causal}});
+                                    vmem_limit_bytes, num_threads, causal, alibi_slopes,
+                                    custom_mask, packed_custom_mask}});
           },
           py::arg("form"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::kw_only(),
           py::arg("num_tokens").none(true), py::arg("num_q_heads"), py::arg("num_kv_heads"),
@@ -1342,6 +1377,9 @@ PYBIND11_MODULE(_rpa, m) {
           py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
           py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
           py::arg("num_threads").none(true), py::arg("causal").none(true) = py::none(),
+          py::arg("alibi_slopes").none(true) = py::none(),
+          py::arg("custom_mask").none(true) = py::none(),
+          py::arg("packed_custom_mask").none(true) = py::none(),
           "Plans from JAX's page table (form='jax': kv_lens, page_indices, cu_q_lens, "
           "num_seqs) or FlashInfer's (form='csr': qo_indptr, kv_indptr, kv_indices, "
           "kv_last_page_len).")

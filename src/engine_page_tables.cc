@@ -166,6 +166,7 @@ void CopyCsrMetadata(const CsrPageTable& csr, AttentionProblem& p, MetadataCopy&
   }
   copy.Bind(p);
   p.num_seqs = static_cast<int32_t>(batch);
+  copy.CopyOptionArrays(p);
 }
 
 }  // namespace internal

@@ -18,6 +18,9 @@ struct MetadataCopy {
   std::vector<int32_t> cu_q_lens;     // [num_seqs + 1]
   std::vector<int32_t> page_indices;  // [pages read]: sequence i's from page_begin[i] on
   std::vector<int64_t> page_begin;    // [num_seqs + 1]
+  std::vector<float> alibi_slopes;    // [num_q_heads] when the problem has them
+  std::vector<uint8_t> mask_bits;     // The custom mask, packed (AttentionProblem::mask_bits).
+  std::vector<int64_t> mask_begin;    // [num_seqs]
 
   // Points the problem's metadata here.
   void Bind(AttentionProblem& p) const {
@@ -26,6 +29,11 @@ struct MetadataCopy {
     p.page_indices = page_indices.data();
     p.page_begin = page_begin.data();
   }
+
+  // The options' arrays a plan keeps its own copy of (ALiBi slopes, the
+  // custom mask, checked against the copied lengths: validate.cc): copied
+  // here and the problem pointed at the copies.
+  void CopyOptionArrays(AttentionProblem& p);
 };
 
 }  // namespace rpa::internal

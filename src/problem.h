@@ -26,6 +26,10 @@ struct PagesView {
   }
 };
 
+// Readable bytes past the last block of a packed custom mask: the softmax
+// reads whole bytes around a vector's bits (softmax-inl.h, MaskBytes).
+inline constexpr int64_t kMaskPadBytes = 64;
+
 struct AttentionProblem {
   // Extents.
   int64_t num_tokens = 0;  // max_num_batched_tokens: q's rows.
@@ -71,6 +75,23 @@ struct AttentionProblem {
   float soft_cap = 0.0f;        // 0: no soft cap.
   int64_t sliding_window = 0;   // 0: no window (always 0 when not causal).
   bool causal = true;           // false: every row sees all its kv_len keys.
+  // [num_q_heads] or null: logit += alibi_slopes[h] * (key - query position),
+  // before the soft cap.
+  const float* alibi_slopes = nullptr;
+  // The custom mask as given (a view of the caller's array, read only when
+  // copied: MetadataCopy::CopyOptionArrays) ...
+  struct MaskInput {
+    const uint8_t* data = nullptr;  // Null: no custom mask.
+    int64_t size = 0;               // Elements (bytes).
+    bool packed = false;            // packed_custom_mask, else custom_mask.
+  };
+  MaskInput mask_input;
+  // ... and as the runs read it: sequence i's q_len x kv_len block of bits,
+  // row-major, from byte mask_begin[i] of mask_bits; bit b of a block is
+  // (block[b / 8] >> (b % 8)) & 1 and a set bit keeps the key. The buffer
+  // has kMaskPadBytes readable bytes past its last block. Null: no mask.
+  const uint8_t* mask_bits = nullptr;
+  const int64_t* mask_begin = nullptr;  // [num_seqs]
   float k_scale = 1.0f;
   float v_scale = 1.0f;
   int64_t num_kv_pages_per_block = 0;  // 0: chosen by the library.

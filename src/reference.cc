@@ -32,6 +32,14 @@ void GatherHead(const AttentionProblem& p, const PagesView& pages, float scale, 
   }
 }
 
+// Whether row `row` of sequence seq keeps key t: always, without a custom
+// mask; else its bit (docs/contract.md §1.6).
+bool Kept(const AttentionProblem& p, int64_t seq, int64_t row, int64_t kv_len, int64_t t) {
+  if (p.mask_bits == nullptr) return true;
+  const int64_t bit = row * kv_len + t;
+  return ((p.mask_bits[p.mask_begin[seq] + bit / 8] >> (bit % 8)) & 1) != 0;
+}
+
 }  // namespace
 
 void ReferenceAttention(const AttentionProblem& p) {
@@ -62,10 +70,14 @@ void ReferenceAttention(const AttentionProblem& p) {
           const int64_t q_base = token * p.q_token_stride + h * p.q_head_stride;
           for (int64_t d = 0; d < p.head_dim; ++d) q_row[d] = LoadAsF32(p.q_dtype, p.q, q_base + d);
           double max_logit = -INFINITY;
+          int64_t kept_keys = 0;  // A key a custom mask drops takes no part at all.
           for (int64_t t = 0; t < kv_len; ++t) {
+            if (!Kept(p, seq, j, kv_len, t)) continue;
+            ++kept_keys;
             double dot = 0.0;
             for (int64_t d = 0; d < p.head_dim; ++d) dot += q_row[d] * keys[t * p.head_dim + d];
             double logit = dot * p.sm_scale;
+            if (p.alibi_slopes != nullptr) logit += p.alibi_slopes[h] * static_cast<double>(t - position);
             if (p.soft_cap != 0.0f) logit = p.soft_cap * std::tanh(logit / p.soft_cap);
             const bool masked = p.causal && (t > position || (p.sliding_window > 0 &&
                                                               t <= position - p.sliding_window));
@@ -79,13 +91,15 @@ void ReferenceAttention(const AttentionProblem& p) {
           std::fill(acc.begin(), acc.end(), 0.0);
           double key_sum = 0.0;
           for (int64_t t = 0; t < kv_len; ++t) {
+            if (!Kept(p, seq, j, kv_len, t)) continue;
             const double weight = std::exp(logits[t] - shift);
             key_sum += weight;
             for (int64_t d = 0; d < p.head_dim; ++d) acc[d] += weight * values[t * p.head_dim + d];
           }
           const double denominator = key_sum + (p.sinks != nullptr ? std::exp(sink - shift) : 0.0);
-          // No key at all (kv_len 0): the row is 0 and its LSE -inf, never 0/0.
-          const bool has_keys = kv_len > 0;
+          // No key at all (kv_len 0, or all masked): the row is 0 and its LSE
+          // -inf, never 0/0.
+          const bool has_keys = kept_keys > 0;
           const int64_t out_base = token * p.out_token_stride + h * p.out_head_stride;
           for (int64_t d = 0; d < p.head_dim; ++d) {
             const double value = has_keys ? acc[d] / denominator : 0.0;
@@ -108,14 +122,16 @@ namespace rpa {
 void RefRaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
                              const PageTable& page_table, const AttentionOptions& options,
                              const MutableTensorView& out) {
-  internal::ReferenceAttention(
-      internal::ValidateRagged(internal::CombinedInputs(q, kv_pages, page_table), options, out));
+  internal::MetadataCopy copy;
+  internal::ReferenceAttention(internal::ValidateRagged(
+      internal::CombinedInputs(q, kv_pages, page_table), options, out, copy));
 }
 
 void RefRaggedPagedAttention(const TensorView& q, const KVPages& kv, const PageTable& page_table,
                              const AttentionOptions& options, const MutableTensorView& out) {
+  internal::MetadataCopy copy;
   internal::ReferenceAttention(
-      internal::ValidateRagged(internal::SplitInputs(q, kv, page_table), options, out));
+      internal::ValidateRagged(internal::SplitInputs(q, kv, page_table), options, out, copy));
 }
 
 }  // namespace rpa

@@ -96,6 +96,39 @@ void CheckMaskValue(double mask_value, std::string_view name) {
                    kDefaultMaskValue, ") or -inf, or None for the default."));
 }
 
+// The custom mask's view (docs/contract.md §1.6): one form, a byte array,
+// instead of the causal mask and a window. Its size is checked when copied.
+AttentionProblem::MaskInput CheckCustomMask(const AttentionOptions& options) {
+  if (!options.custom_mask && !options.packed_custom_mask) return {};
+  RPA_CHECK(!(options.custom_mask && options.packed_custom_mask), ErrorKind::kOption,
+            "custom_mask and packed_custom_mask are the same mask in two forms; pass one.",
+            "Pass custom_mask (one bool per key) or packed_custom_mask (its bits, "
+            "FlashInfer's segment_packbits(..., bitorder='little')).");
+  const bool packed = options.packed_custom_mask.has_value();
+  const TensorView& mask = packed ? *options.packed_custom_mask : *options.custom_mask;
+  const std::string_view name = packed ? "packed_custom_mask" : "custom_mask";
+  RPA_CHECK(mask.rank == 1, ErrorKind::kShape,
+            StrCat(name, ".shape=", mask.ShapeString(), " must have 1 dimension."),
+            "FlashInfer's masks are flat: every sequence's q_len x kv_len block, one after "
+            "another.");
+  CheckNonNegativeExtents(mask, name);
+  RPA_CHECK(mask.dtype == DType::kU8, ErrorKind::kDtype,
+            StrCat(name, ".dtype=", PyRepr(mask.dtype), " must be ",
+                   packed ? "uint8." : "uint8 (bool as bytes)."),
+            packed ? "Pack the bits into uint8 bytes." : "Pass one byte per key, 0 to mask it.");
+  CheckInnermostContiguous(mask, name);
+  RPA_CHECK(!options.causal.value_or(false), ErrorKind::kOption,
+            StrCat("causal=True and ", name, " are two masks; the custom mask replaces the "
+                   "causal one."),
+            StrCat("Pass causal=None (or False) with ", name,
+                   ", and set the causal keys in the mask if they are wanted."));
+  RPA_CHECK(!options.sliding_window, ErrorKind::kOption,
+            StrCat(NameEq("sliding_window", options.sliding_window.value_or(0)),
+                   " must be None with ", name, "."),
+            "Clear the keys outside the window in the mask instead.");
+  return {static_cast<const uint8_t*>(mask.data), mask.shape[0], packed};
+}
+
 // A window counts back from each row's causal position: without the
 // causal alignment it has nothing to count from.
 void CheckCausal(const AttentionOptions& options) {
@@ -170,16 +203,35 @@ void BindMetadata(const TensorView& kv_lens, const TensorView& page_indices,
   p.cu_q_lens = static_cast<const int32_t*>(cu_q_lens.data);
 }
 
+// A float32 [num_q_heads] option (sinks, alibi_slopes): its shape, dtype
+// and layout; returns its values.
+const float* CheckPerHead(const TensorView& t, std::string_view name, std::string_view what,
+                          const AttentionProblem& p) {
+  RPA_CHECK(t.rank == 1 && t.shape[0] == p.num_q_heads, ErrorKind::kShape,
+            StrCat(name, ".shape=", t.ShapeString(), " must be (",
+                   NameEq("num_q_heads", p.num_q_heads), ",)."),
+            StrCat("Pass one ", what, " per q head, or None for no ", name, "."));
+  RPA_CHECK(t.dtype == DType::kF32, ErrorKind::kDtype,
+            StrCat(name, ".dtype=", PyRepr(t.dtype), " must be float32."),
+            StrCat("Cast ", name, " to float32."));
+  CheckInnermostContiguous(t, name);
+  return static_cast<const float*>(t.data);
+}
+
+void BindAlibi(const TensorView& slopes, AttentionProblem& p) {
+  const float* values = CheckPerHead(slopes, "alibi_slopes", "slope", p);
+  for (int64_t h = 0; h < p.num_q_heads; ++h) {
+    RPA_CHECK(std::isfinite(values[h]), ErrorKind::kOption,
+              StrCat("alibi_slopes[", h, "]=", static_cast<double>(values[h]),
+                     " must be finite."),
+              "Pass the model's ALiBi slopes (e.g. 2^(-8 (h + 1) / num_q_heads)), 0 for a head "
+              "without a bias.");
+  }
+  p.alibi_slopes = values;
+}
+
 void BindSinks(const TensorView& sinks, AttentionProblem& p) {
-  RPA_CHECK(sinks.rank == 1 && sinks.shape[0] == p.num_q_heads, ErrorKind::kShape,
-            StrCat("sinks.shape=", sinks.ShapeString(), " must be (", NameEq("num_q_heads", p.num_q_heads),
-                   ",)."),
-            "Pass one sink logit per q head, or None for no sinks.");
-  RPA_CHECK(sinks.dtype == DType::kF32, ErrorKind::kDtype,
-            StrCat("sinks.dtype=", PyRepr(sinks.dtype), " must be float32."),
-            "Cast sinks to float32.");
-  CheckInnermostContiguous(sinks, "sinks");
-  const auto* values = static_cast<const float*>(sinks.data);
+  const float* values = CheckPerHead(sinks, "sinks", "sink logit", p);
   for (int64_t h = 0; h < p.num_q_heads; ++h) {
     RPA_CHECK(!std::isnan(values[h]) && values[h] != INFINITY, ErrorKind::kOption,
               StrCat("sinks[", h, "]=", static_cast<double>(values[h]), " must not be NaN or +inf."),
@@ -381,6 +433,8 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   CheckAligned(in.num_seqs, "num_seqs");
   if (options.sinks) BindSinks(*options.sinks, p);
   if (options.lse) BindLse(*options.lse, p);
+  if (options.alibi_slopes) BindAlibi(*options.alibi_slopes, p);
+  p.mask_input = CheckCustomMask(options);
 
   p.q_dtype = in.q.dtype;
   p.q = in.q.data;
@@ -392,7 +446,7 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   p.soft_cap = static_cast<float>(options.soft_cap.value_or(0.0));
   // kv_len fits in int32, so a wider window masks nothing: it is no window.
   p.sliding_window = options.sliding_window.value_or(0) > INT32_MAX ? 0 : options.sliding_window.value_or(0);
-  p.causal = options.causal.value_or(true);
+  p.causal = options.causal.value_or(p.mask_input.data == nullptr);
   p.k_scale = static_cast<float>(options.k_scale.value_or(1.0));
   p.v_scale = static_cast<float>(options.v_scale.value_or(1.0));
   p.num_kv_pages_per_block = options.num_kv_pages_per_block.value_or(0);
@@ -401,6 +455,58 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   // A thread count far beyond any machine only costs threads the pool keeps.
   p.num_threads = std::min(options.num_threads.value_or(0), kMaxThreads);
   return p;
+}
+
+namespace {
+
+// The custom mask's size for the copied lengths, and its packed copy.
+void CopyCustomMask(AttentionProblem& p, MetadataCopy& copy) {
+  const AttentionProblem::MaskInput& in = p.mask_input;
+  constexpr int64_t kBig = INT64_MAX / 4;  // Saturates the sum: kv_len, q_len < 2^31.
+  int64_t needed = 0, bytes = 0;
+  copy.mask_begin.resize(static_cast<size_t>(p.num_seqs));
+  for (int32_t i = 0; i < p.num_seqs; ++i) {
+    const int64_t block =
+        static_cast<int64_t>(p.cu_q_lens[i + 1] - p.cu_q_lens[i]) * p.kv_lens[i];
+    copy.mask_begin[i] = bytes;
+    needed = std::min(needed + (in.packed ? (block + 7) / 8 : block), kBig);
+    bytes = std::min(bytes + (block + 7) / 8, kBig);
+  }
+  const std::string_view name = in.packed ? "packed_custom_mask" : "custom_mask";
+  RPA_CHECK(in.size == needed, ErrorKind::kShape,
+            StrCat(name, ".shape=(", in.size, ",) must be (", needed, ",): the sum over the live "
+                   "sequences of ", in.packed ? "ceil(q_len * kv_len / 8)." : "q_len * kv_len."),
+            in.packed ? "Pack each sequence's q_len x kv_len block from its own byte, "
+                        "little-endian (FlashInfer's segment_packbits(..., bitorder='little'))."
+                      : "Give each sequence's q_len x kv_len block, row-major, one after "
+                        "another.");
+  copy.mask_bits.assign(static_cast<size_t>(bytes + kMaskPadBytes), 0);
+  if (in.packed) {
+    std::copy(in.data, in.data + in.size, copy.mask_bits.begin());
+  } else {
+    int64_t at = 0;  // Into the flat mask.
+    for (int32_t i = 0; i < p.num_seqs; ++i) {
+      uint8_t* block = copy.mask_bits.data() + copy.mask_begin[i];
+      const int64_t count =
+          static_cast<int64_t>(p.cu_q_lens[i + 1] - p.cu_q_lens[i]) * p.kv_lens[i];
+      for (int64_t b = 0; b < count; ++b) {
+        if (in.data[at + b] != 0) block[b / 8] |= static_cast<uint8_t>(1u << (b % 8));
+      }
+      at += count;
+    }
+  }
+  p.mask_bits = copy.mask_bits.data();
+  p.mask_begin = copy.mask_begin.data();
+}
+
+}  // namespace
+
+void MetadataCopy::CopyOptionArrays(AttentionProblem& p) {
+  if (p.alibi_slopes != nullptr) {
+    alibi_slopes.assign(p.alibi_slopes, p.alibi_slopes + p.num_q_heads);
+    p.alibi_slopes = alibi_slopes.data();
+  }
+  if (p.mask_input.data != nullptr) CopyCustomMask(p, *this);
 }
 
 void CheckNonDecreasing(std::string_view name, int64_t i, int32_t before, int32_t after,
@@ -504,6 +610,7 @@ void CopyMetadata(int32_t num_seqs, const MetadataNames& names, AttentionProblem
   copy.page_begin[num_seqs] = static_cast<int64_t>(copy.page_indices.size());
   copy.Bind(p);
   p.num_seqs = num_seqs;
+  copy.CopyOptionArrays(p);
 }
 
 void DynamicValidate(int32_t num_seqs, AttentionProblem& p, const MetadataNames& names) {
@@ -682,6 +789,14 @@ AttentionProblem ValidateRagged(const RaggedInputs& inputs, const AttentionOptio
   AttentionProblem problem = StaticValidate(inputs, options);
   BindOutput(inputs.q, out, problem);
   DynamicValidate(*static_cast<const int32_t*>(inputs.num_seqs.data), problem);
+  return problem;
+}
+
+AttentionProblem ValidateRagged(const RaggedInputs& inputs, const AttentionOptions& options,
+                                const MutableTensorView& out, MetadataCopy& copy) {
+  AttentionProblem problem = StaticValidate(inputs, options);
+  BindOutput(inputs.q, out, problem);
+  CopyMetadata(*static_cast<const int32_t*>(inputs.num_seqs.data), {}, problem, copy);
   return problem;
 }
 

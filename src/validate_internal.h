@@ -147,7 +147,11 @@ inline CacheLayout LayoutOf(const AttentionShape& shape) {
 // `out` must be like q; binds it into the problem.
 void BindOutput(const TensorView& q, const MutableTensorView& out, AttentionProblem& problem);
 
-// Everything a ragged entry point runs before it computes.
+// Everything a ragged entry point runs before it computes; the problem
+// reads the metadata (and the options' arrays: the custom mask only there)
+// from `copy`, or, without one, the caller's arrays (no custom mask).
+AttentionProblem ValidateRagged(const RaggedInputs& inputs, const AttentionOptions& options,
+                                const MutableTensorView& out, MetadataCopy& copy);
 AttentionProblem ValidateRagged(const RaggedInputs& inputs, const AttentionOptions& options,
                                 const MutableTensorView& out);
 

@@ -38,8 +38,24 @@ struct AttentionOptions {
   // Beyond JAX (docs/contract.md §1 conventions).
   // false: every query row of a sequence sees all of its kv_len keys, and
   // q_len may exceed kv_len (encoders, cross attention); a sliding window
-  // then is an error. None: true (JAX's causal attention).
+  // then is an error. None: true (JAX's causal attention), false with a
+  // custom mask.
   std::optional<bool> causal;
+  // A custom mask in one of FlashInfer's two forms (docs/contract.md §1.6),
+  // over the live sequences in order: sequence i's q_len x kv_len block,
+  // row r (its query row r), column j (key j). Nonzero / a set bit keeps the
+  // key; a masked key takes no part at all. It replaces the causal mask
+  // (causal must be none or false) and takes no sliding window. A plan keeps
+  // its own packed copy.
+  //   custom_mask         u8 [sum q_len * kv_len], one byte per key (bool)
+  //   packed_custom_mask  u8 [sum ceil(q_len * kv_len / 8)], each block's bits
+  //                       little-endian from its own byte
+  std::optional<TensorView> custom_mask;
+  std::optional<TensorView> packed_custom_mask;
+  // f32 [num_q_heads]: ALiBi, logit += alibi_slopes[h] * (t - p) for key t
+  // and query position p (docs/contract.md §1.6), before the soft cap. A
+  // plan keeps its own copy.
+  std::optional<TensorView> alibi_slopes;
   // f32 [num_q_heads]: attention sinks, one raw logit per q head that joins
   // each row's softmax denominator only (no value, no sm_scale, no soft cap).
   std::optional<TensorView> sinks;

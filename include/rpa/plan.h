@@ -85,7 +85,8 @@ class AttentionPlan {
 
   // Validates the shape, the options and the page table (JAX's form, or
   // FlashInfer's CSR: rpa/engine_page_tables.h) as the one-call functions do,
-  // copies what runs will read, chooses block sizes and builds the tasks.
+  // copies what runs will read (the metadata, options.alibi_slopes and the
+  // custom mask, packed), chooses block sizes and builds the tasks.
   // options.sinks and options.lse belong to runs (RunExtras) and are
   // rejected here; options.k_scale / v_scale are the runs' defaults. On
   // error (rpa::Error) the plan is as it was; re-planning reuses the

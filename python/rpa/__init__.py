@@ -31,6 +31,9 @@ The functions:
     BatchAttention                plan once per step, run per layer
                                   (FlashInfer's plan/run; its CSR page
                                   table with plan_csr)
+    CascadeAttention              shared-prefix attention: one CSR page
+                                  table per level of sharing, merged by LSE
+                                  (FlashInfer's MultiLevelCascadeAttention)
     vllm_page_table               vLLM's query_start_loc / seq_lens /
                                   block_table as JAX's page table
     quantize, dequantize          float8_e4m3fn / float8_e5m2 / int8 codes
@@ -41,7 +44,8 @@ The functions:
 
 Beyond JAX's arguments, keyword-only: `kv_layout`, `kv_dtype` (a uint8 cache
 of float8 codes, since NumPy has no float8), `sinks`, `return_lse`,
-`num_threads`, `out`.
+`num_threads`, `out`, `causal`, `alibi_slopes`, `custom_mask`,
+`packed_custom_mask`.
 
 Past one machine: `rpa.distributed` (import it explicitly; torch.distributed)
 splits a batch's pages across ranks and merges their partial attentions
@@ -55,6 +59,7 @@ torch operators: `torch.ops.rpa.ragged_paged_attention` (and `.out`),
 
 from ._rpa import __version__, build_info
 from ._batch import BatchAttention, vllm_page_table
+from ._cascade import CascadeAttention
 from ._api import (
     DEFAULT_MASK_VALUE,
     Error,
@@ -131,6 +136,7 @@ _torch_ops_when_torch_loads()
 
 __all__ = [
     "BatchAttention",
+    "CascadeAttention",
     "DEFAULT_MASK_VALUE",
     "Error",
     "__version__",

@@ -116,6 +116,31 @@ def _cache(kv_pages, kv_layout, kv_dtype):
   return k, v, kv_dtype
 
 
+def _optional_array(x):
+  return None if x is None else _as_array(x)
+
+
+def _masks(custom_mask, packed_custom_mask):
+  """The binding's mask keywords: a bool custom_mask goes as a zero-copy
+  uint8 view of its bytes (the library reads one byte per key)."""
+  if custom_mask is not None:
+    custom_mask = _as_array(custom_mask)
+    name = _dtype_name(custom_mask.dtype) if _is_array(custom_mask) else None
+    if name != "bool":
+      raise _error("dtype", f"custom_mask.dtype={getattr(custom_mask, 'dtype', None)} must be "
+                   "bool. Pass one bool per key (True keeps it), or packed_custom_mask for "
+                   "its bits as uint8.")
+    if _is_torch(custom_mask):
+      import torch
+
+      custom_mask = custom_mask.view(torch.uint8)
+    else:
+      import numpy as np
+
+      custom_mask = custom_mask.view(np.uint8)
+  return {"custom_mask": custom_mask, "packed_custom_mask": _optional_array(packed_custom_mask)}
+
+
 def _lse_like(q):
   """float32[q.shape[0], q.shape[1]] of q's kind."""
   shape = tuple(q.shape[:2])
@@ -181,7 +206,10 @@ def ragged_paged_attention(
     return_lse: bool = False,
     num_threads: int | None = None,
     out=None,
-    causal: bool = True,
+    causal: bool | None = None,
+    alibi_slopes=None,
+    custom_mask=None,
+    packed_custom_mask=None,
 ):
   """Ragged paged attention that supports mixed prefill and decode.
 
@@ -225,7 +253,20 @@ def ragged_paged_attention(
       None allocates one. On error it is left untouched.
     causal: rpa's: False lets every query row of a sequence see all of its
       kv_lens[i] keys (encoders, rerankers, cross attention); q_len may then
-      exceed kv_len. A sliding window needs causal=True.
+      exceed kv_len. A sliding window needs causal=True. None: True, or the
+      custom mask when one is given.
+    alibi_slopes: rpa's: float32[num_q_heads] ALiBi slopes: each logit gets
+      alibi_slopes[h] * (t - p) added (key position t, the query's position
+      p = kv_len - q_len + j), before the soft cap, as in vLLM and
+      FlashInfer; None for none.
+    custom_mask: rpa's: FlashInfer's flat bool mask, the live sequences'
+      q_len x kv_len blocks row-major one after another (row r, key j of
+      sequence i at sum_{s<i} q_len[s] * kv_len[s] + r * kv_len[i] + j); True
+      keeps the key, a masked key takes no part. Replaces the causal mask (no
+      causal=True, no window); q_len may exceed kv_len. None for none.
+    packed_custom_mask: rpa's: the same bits as uint8, each sequence's block
+      packed little-endian from its own byte (FlashInfer's
+      segment_packbits(..., bitorder="little")).
 
   Returns:
     The attention output, of q's shape and dtype and of q's kind (a torch
@@ -245,7 +286,8 @@ def ragged_paged_attention(
       soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal)
+      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal,
+      alibi_slopes=_optional_array(alibi_slopes), **_masks(custom_mask, packed_custom_mask))
 
 
 def ref_ragged_paged_attention(
@@ -271,7 +313,10 @@ def ref_ragged_paged_attention(
     return_lse: bool = False,
     num_threads: int | None = None,
     out=None,
-    causal: bool = True,
+    causal: bool | None = None,
+    alibi_slopes=None,
+    custom_mask=None,
+    packed_custom_mask=None,
 ):
   """The reference ragged paged attention: the oracle rpa is tested against.
 
@@ -290,7 +335,8 @@ def ref_ragged_paged_attention(
     num_seqs: int32[1].
     sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
     num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
-    kv_layout, kv_dtype, sinks, return_lse, num_threads, out, causal: as for
+    kv_layout, kv_dtype, sinks, return_lse, num_threads, out, causal,
+    alibi_slopes, custom_mask, packed_custom_mask: as for
     `ragged_paged_attention`.
 
   Returns:
@@ -307,7 +353,8 @@ def ref_ragged_paged_attention(
       soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
       num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal)
+      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal,
+      alibi_slopes=_optional_array(alibi_slopes), **_masks(custom_mask, packed_custom_mask))
 
 
 def _validate(dynamic, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
@@ -338,7 +385,10 @@ def static_validate_inputs(
     kv_layout: str | None = None,
     kv_dtype=None,
     sinks=None,
-    causal: bool = True,
+    causal: bool | None = None,
+    alibi_slopes=None,
+    custom_mask=None,
+    packed_custom_mask=None,
 ):
   """Checks shapes, dtypes, layouts and options, without reading the metadata.
 
@@ -361,7 +411,8 @@ def static_validate_inputs(
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
             num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
-            causal=causal)
+            causal=causal, alibi_slopes=_optional_array(alibi_slopes),
+            **_masks(custom_mask, packed_custom_mask))
 
 
 def dynamic_validate_inputs(
@@ -384,7 +435,10 @@ def dynamic_validate_inputs(
     kv_layout: str | None = None,
     kv_dtype=None,
     sinks=None,
-    causal: bool = True,
+    causal: bool | None = None,
+    alibi_slopes=None,
+    custom_mask=None,
+    packed_custom_mask=None,
 ):
   """The static checks, then the metadata's values.
 
@@ -407,7 +461,8 @@ def dynamic_validate_inputs(
             mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
             num_kv_pages_per_block=num_kv_pages_per_block,
             num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
-            causal=causal)
+            causal=causal, alibi_slopes=_optional_array(alibi_slopes),
+            **_masks(custom_mask, packed_custom_mask))
 
 
 def paged_attention(

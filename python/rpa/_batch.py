@@ -14,12 +14,14 @@ from __future__ import annotations
 import operator
 
 from . import _rpa
-from ._api import _as_array, _as_codes, _dtype_name, _empty_like, _error, _is_array, _lse_like
+from ._api import (_as_array, _as_codes, _dtype_name, _empty_like, _error, _is_array, _lse_like,
+                   _masks)
 
 _LAYOUTS = ("combined", "NHD", "HND")
 # plan()'s options beyond the shape, each None when not given.
 _PLAN_OPTIONS = ("sliding_window", "window_left", "soft_cap", "mask_value", "k_scale", "v_scale",
-                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes", "causal")
+                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes", "causal",
+                 "alibi_slopes", "custom_mask", "packed_custom_mask")
 # FlashInfer's names that plan() accepts beside rpa's.
 _ALIASES = ("logits_soft_cap",)
 
@@ -109,6 +111,9 @@ class BatchAttention:
       sm_scale = _default_sm_scale(head_dim)
     options["soft_cap"] = _soft_cap(options)
     options.pop("logits_soft_cap", None)
+    if options.get("alibi_slopes") is not None:
+      options["alibi_slopes"] = _as_array(options["alibi_slopes"])
+    options.update(_masks(options.get("custom_mask"), options.get("packed_custom_mask")))
     self._plan_object.plan(
         form, *(_as_array(t) for t in tables), num_tokens=num_tokens, num_q_heads=num_q_heads,
         num_kv_heads=num_kv_heads, head_dim=head_dim, num_pages=num_pages,
@@ -143,9 +148,16 @@ class BatchAttention:
         an error), mask_value, k_scale, v_scale, num_kv_pages_per_block,
         num_queries_per_block, vmem_limit_bytes: as for
         rpa.ragged_paged_attention; k_scale / v_scale are the runs' defaults.
+      alibi_slopes: float32[num_q_heads] ALiBi slopes, as for
+        rpa.ragged_paged_attention; the plan keeps its own copy.
       causal: None or True: causal attention (rpa's default; FlashInfer's
         plan defaults to False); False: every row sees all of its
-        sequence's keys, and q_len may exceed kv_len.
+        sequence's keys, and q_len may exceed kv_len. None with a custom mask:
+        the mask alone.
+      custom_mask, packed_custom_mask: FlashInfer's custom mask (bool, flat;
+        or its bits, uint8), as for rpa.ragged_paged_attention: sequence by
+        sequence, each q_len x kv_len block row-major. The plan keeps its own
+        packed copy; tiles no row keeps are skipped.
 
     Returns:
       None.

@@ -17,7 +17,7 @@ explicitly (importing torch). The operators, on CPU tensors:
 <options> are `rpa.ragged_paged_attention`'s keywords (sm_scale,
 sliding_window, soft_cap, mask_value, k_scale, v_scale,
 num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, kv_layout,
-kv_dtype, sinks, num_threads, causal) plus `v_pages`: given, `kv_pages` is the K
+kv_dtype, sinks, num_threads, causal, alibi_slopes) plus `v_pages`: given, `kv_pages` is the K
 cache and `v_pages` the V cache of separate caches in `kv_layout` (NHD by
 default), the Python API's `kv_pages=(k_pages, v_pages)`. Threads: an
 attention operator called without `num_threads` uses `torch.get_num_threads()`
@@ -49,7 +49,8 @@ _OPTIONS = ("float sm_scale=1.0, int? sliding_window=None, float? soft_cap=None,
             "float? mask_value=None, float? k_scale=None, float? v_scale=None, "
             "int? num_kv_pages_per_block=None, int? num_queries_per_block=None, "
             "int? vmem_limit_bytes=None, Tensor? v_pages=None, str? kv_layout=None, "
-            "str? kv_dtype=None, Tensor? sinks=None, int? num_threads=None, bool causal=True")
+            "str? kv_dtype=None, Tensor? sinks=None, int? num_threads=None, bool causal=True, "
+            "Tensor? alibi_slopes=None")
 
 SCHEMAS = {
     "ragged_paged_attention": f"ragged_paged_attention({_ARGS}, *, {_OPTIONS}) -> Tensor",

@@ -27,7 +27,7 @@
 //
 // "a > b" is a fused tile a, falling back to b on a tile it declines (or on
 // a group of fewer rows than a's min_rows). The fused tiles run only without
-// a soft cap, on tiles every row sees whole. Why: docs/kernel.md, Dispatch
+// a soft cap and ALiBi, on tiles every row sees whole. Why: docs/kernel.md, Dispatch
 // (vdpbf16ps pairs where they issue at the FMA's rate; the widening path
 // where they issue at half of it; packing a tile once pays from 32 rows
 // on; the f16 tile is the cheapest 8-bit decode where AVX512-FP16 exists).

@@ -34,7 +34,8 @@ struct KernelNeeds {
   uint32_t q_dtypes = kAnyDType;   // DTypeBits
   uint32_t kv_dtypes = kAnyDType;  // DTypeBits
   uint8_t classes = 0;             // ClassBits: the task classes it runs.
-  bool soft_cap = true;            // Runs calls with a soft cap.
+  bool soft_cap_or_alibi = true;   // Runs calls with a soft cap or ALiBi slopes
+                                   // (the fused tiles' exp takes neither a tanh nor a bias).
   // The CPU features it needs (UsableCpuFeatures); null: none.
   bool (*cpu)(const CpuFeatures&) = nullptr;
 };

@@ -34,6 +34,7 @@ struct SoftmaxParams {
   float soft_cap;     // 0: none.
   float mask_value;
   bool vanish;        // Masked keys get weight exactly 0.
+  bool alibi;         // Add RowKeys::alibi_slope * (t - pos) before the cap.
 };
 
 // The keys of one row's tile.
@@ -44,7 +45,26 @@ struct RowKeys {
   int64_t t0 = 0;      // The tile's keys [t0, t0 + n) ...
   int64_t n = 0;
   int64_t n_pad = 0;   // ... with logits up to RoundUp(n, Lanes) in s.
+  int64_t pos = 0;     // The row's query position (ALiBi's origin).
+  float alibi_slope = 0.0f;
+  // The custom mask: bit bit0 + i keeps key t0 + i (docs/contract.md §1.6);
+  // a clear bit drops the key as if it were beyond n. Null: every key kept.
+  const uint8_t* bits = nullptr;
+  int64_t bit0 = 0;
 };
+
+// The kept lanes of one vector of keys: bits [bit, bit + Lanes) of a packed
+// custom mask, read a byte pair at a time (kMaskPadBytes covers the end).
+HWY_INLINE hn::Mask<DF> KeptLanes(const uint8_t* bits, int64_t bit) {
+  const DF df;
+  uint8_t bytes[HWY_MAX_BYTES / sizeof(float) / 8 + 8] = {};
+  const int64_t count = (static_cast<int64_t>(hn::Lanes(df)) + 7) / 8;
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t b = bit + 8 * k;
+    bytes[k] = static_cast<uint8_t>((bits[b / 8] | bits[b / 8 + 1] << 8) >> (b % 8));
+  }
+  return hn::LoadMaskBits(df, bytes);
+}
 
 // Turns one row's logits s [n_pad] into weights in place and updates its
 // state (m, l and the accumulator row, row.stride = dim_pad floats).
@@ -65,12 +85,23 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   const bool any_masked = t0 < begin || t0 + n > end;
   const auto iota = hn::Iota(di, 0);
   VF vmax = neg_inf;
+  // Lanes of kept keys (custom mask): whether the tile held any.
+  VF vkept = hn::Zero(df);
   // Lanes that saw a NaN logit (before the cap: tanh's clamp would hide it).
   VF vnan = hn::Zero(df);
   for (int64_t i = 0; i < n_pad; i += lanes) {
     VF x = hn::Mul(hn::LoadU(df, s + i), scale);
     const auto index = hn::Add(iota, hn::Set(di, static_cast<int32_t>(i)));
-    const auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
+    if (sp.alibi) {  // + slope * (t - pos), t = t0 + index.
+      const VF distance =
+          hn::ConvertTo(df, hn::Add(index, hn::Set(di, static_cast<int32_t>(keys.t0 - keys.pos))));
+      x = hn::MulAdd(hn::Set(df, keys.alibi_slope), distance, x);
+    }
+    auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
+    if (keys.bits != nullptr) {
+      valid = hn::And(valid, KeptLanes(keys.bits, keys.bit0 + i));
+      vkept = hn::Or(vkept, hn::VecFromMask(df, valid));
+    }
     vnan = hn::Or(vnan, hn::VecFromMask(df, hn::And(valid, hn::IsNaN(x))));
     if (sp.soft_cap != 0.0f) {
       const VF cap = hn::Set(df, sp.soft_cap);
@@ -116,10 +147,13 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
     // visible key was in the tile and either mask_value is -inf or the row
     // masks no key at all. (Otherwise a finite mask_value <= -1e4 makes the
     // reference weigh the masked keys instead; those may be skipped, docs/contract.md §1.)
+    // A custom mask's dropped keys take no part: the tile must keep one.
+    const bool participates = keys.bits == nullptr || !hn::AllFalse(df, hn::MaskFromVec(vkept));
     const bool visible = std::min(t0 + n, end) > std::max(t0, begin);
     const bool masks_none = begin <= 0 && end >= kv_len;
-    if ((!sp.vanish && n > 0) ||
-        (visible && (masks_none || sp.mask_value == -std::numeric_limits<float>::infinity()))) {
+    if (participates &&
+        ((!sp.vanish && n > 0) ||
+         (visible && (masks_none || sp.mask_value == -std::numeric_limits<float>::infinity())))) {
       *l = -0.0f;
     }
     for (int64_t i = 0; i < n_pad; ++i) s[i] = 0.0f;

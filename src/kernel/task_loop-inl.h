@@ -7,6 +7,9 @@
 //
 // Per KV tile of n keys (row pointers k_i, v_i into the pages):
 //   S[r][i] = (q_r . k_i) * sm_scale * k_scale      // kernel logits
+//   S += alibi ? slope_h * (t0 + i - pos_r) : 0      // ALiBi (no fused tiles)
+//   custom mask: keys whose bit is clear are dropped (-inf, no NaN); a tile
+//   no row keeps is skipped, one every row keeps whole runs unmasked
 //   S = soft_cap ? c * tanh(S / c) : S; keys outside the row's visible
 //   range (causal, window; AttentionProblem::VisibleKeys): -inf (skipped when
 //   mask_value <= -1e4, docs/contract.md §1) or S + mask_value
@@ -27,6 +30,7 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -61,6 +65,21 @@ inline void TileRowPointers(const AttentionProblem& pr, const PagesView& pages, 
   }
 }
 
+// Set bits of bits[begin, begin + count), little-endian within each byte.
+inline int64_t CountSetBits(const uint8_t* bits, int64_t begin, int64_t count) {
+  int64_t set = 0;
+  for (int64_t b = begin; b < begin + count;) {
+    const int64_t shift = b % 8;
+    const int64_t take = std::min<int64_t>(8 - shift, begin + count - b);
+    set += std::popcount(static_cast<unsigned>((bits[b / 8] >> shift) & ((1u << take) - 1)));
+    b += take;
+  }
+  return set;
+}
+
+// What a custom mask keeps of a tile, over every row of a task.
+enum class TileKeep : uint8_t { kNone, kSome, kAll };
+
 // Keys per tile when a task spans several kv heads (32 tokens x 4 KiB for 8
 // kv heads x 128 bf16 x K,V = 128 KiB per tile). Measured on the decode
 // shape (docs/kernel.md): 24-32 keys 9.4 ms, 48 9.7, 64 13.6, 128 22 (no
@@ -83,6 +102,10 @@ struct TaskContext {
   int64_t last_pos = 0;
   int64_t kv_len = 0;
   float value_unit = 1.0f;    // What one unit of the kernels' K/V is worth (kE4M3Rescale).
+  // The custom mask's block of the task's sequence, and the bit of key 0 of
+  // the tile's first token row (rows kv_len bits apart); null: no mask.
+  const uint8_t* mask_bits = nullptr;
+  int64_t mask_bit0 = 0;
   SoftmaxParams softmax{};
 
   int64_t TokenOf(int64_t r) const {
@@ -96,6 +119,17 @@ struct TaskContext {
   bool AllVisible(int64_t begin, int64_t end) const {
     return end <= pr->VisibleKeys(first_pos, kv_len).end &&
            begin >= pr->VisibleKeys(last_pos, kv_len).begin;
+  }
+  // What the custom mask keeps of keys [begin, end) (kAll without one).
+  TileKeep KeptIn(int64_t begin, int64_t end) const {
+    if (mask_bits == nullptr) return TileKeep::kAll;
+    const int64_t tokens = task->q_end - task->q_begin;
+    int64_t set = 0;
+    for (int64_t i = 0; i < tokens; ++i) {
+      set += CountSetBits(mask_bits, mask_bit0 + i * kv_len + begin, end - begin);
+    }
+    return set == 0 ? TileKeep::kNone
+                    : set == tokens * (end - begin) ? TileKeep::kAll : TileKeep::kSome;
   }
   QueryRows Queries(QueryFormat format, int64_t r0, int64_t count) const {
     const int64_t stride = QueryStride(format, ws->dim_pad);
@@ -131,6 +165,11 @@ TaskContext MakeContext(const AttentionProblem& pr, const KernelTask& task,
   c.softmax.soft_cap = pr.soft_cap;
   c.softmax.mask_value = pr.mask_value;
   c.softmax.vanish = pr.MaskedKeysVanish();
+  c.softmax.alibi = pr.alibi_slopes != nullptr;
+  if (pr.mask_bits != nullptr) {
+    c.mask_bits = pr.mask_bits + pr.mask_begin[task.seq];
+    c.mask_bit0 = task.q_begin * c.kv_len;
+  }
   return c;
 }
 
@@ -196,8 +235,10 @@ void FusedGroups(const TaskContext& c, KvTile tile, int64_t* r0, int64_t* left) 
 }
 
 // One kv head's (h of the task's) rows over one tile: fused groups where
-// allowed, then the products and the softmax for the rows left.
-void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool fused) {
+// allowed, then the products and the softmax for the rows left (reading the
+// custom mask's bits when the tile is only partly kept).
+void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool fused,
+                 TileKeep keep) {
   const WorkerScratch& ws = *c.ws;
   int64_t r0 = h * c.rows_per_head;
   int64_t left = c.rows_per_head;
@@ -213,10 +254,15 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
   keys.n = tile.n;
   keys.n_pad = RoundUp(tile.n, static_cast<int64_t>(hn::Lanes(DF())));
   for (int64_t r = r0; r < r0 + left; ++r) {
-    const AttentionProblem::KeyRange range =
-        c.pr->VisibleKeys(c.first_pos + (r % c.rows_per_head) / c.group, c.kv_len);
+    keys.pos = c.first_pos + (r % c.rows_per_head) / c.group;
+    const AttentionProblem::KeyRange range = c.pr->VisibleKeys(keys.pos, c.kv_len);
     keys.begin = range.begin;
     keys.end = range.end;
+    if (c.softmax.alibi) keys.alibi_slope = c.pr->alibi_slopes[c.HeadOf(r)];
+    if (keep == TileKeep::kSome) {
+      keys.bits = c.mask_bits;
+      keys.bit0 = c.mask_bit0 + (r % c.rows_per_head) / c.group * c.kv_len + t0;
+    }
     SoftmaxRow(c.softmax, keys, ws.s + r * ws.token_pad, c.State(r));
   }
   products.pv(s, tile, c.State(r0), ws.tile);
@@ -267,13 +313,17 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
     const int64_t t2 = t1 < task.kv_end ? tile_end(t1) : t1;
     tile.n = t1 - t0;
     if (t2 > t1) pointers(t1, t2 - t1, 1 - cur);
-    const bool fused = fusable && tile.n <= kFusedMaxKeys && c.AllVisible(t0, t1);
-    for (int64_t h = 0; h < c.heads; ++h) {
+    // A tile the custom mask drops for every row is skipped: its keys take
+    // no part at all.
+    const TileKeep keep = c.KeptIn(t0, t1);
+    const bool fused = fusable && tile.n <= kFusedMaxKeys && c.AllVisible(t0, t1) &&
+                       keep == TileKeep::kAll;
+    for (int64_t h = 0; keep != TileKeep::kNone && h < c.heads; ++h) {
       tile.k = {ws.k_base + cur * ws.token_pad, h * k_head_bytes, tile.n};
       tile.v = {ws.v_base + cur * ws.token_pad, h * v_head_bytes, tile.n};
       tile.k_next = {ws.k_base + (1 - cur) * ws.token_pad, h * k_head_bytes, t2 - t1};
       tile.v_next = {ws.v_base + (1 - cur) * ws.token_pad, h * v_head_bytes, t2 - t1};
-      RunHeadTile(c, tile, h, t0, fused);
+      RunHeadTile(c, tile, h, t0, fused, keep);
     }
     cur = 1 - cur;
     t0 = t1;

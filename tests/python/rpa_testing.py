@@ -127,10 +127,13 @@ def softmax(x, axis):
 
 def numpy_ref(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_scale=1.0,
               sliding_window=None, soft_cap=None, mask_value=None, k_scale=None,
-              v_scale=None, causal=True):
+              v_scale=None, causal=True, alibi_slopes=None, custom_mask=None):
   """JAX's ref_ragged_paged_attention, ported to NumPy in float64.
 
   causal=False (rpa's): no causal mask; q_len may exceed kv_len.
+  alibi_slopes (rpa's): [num_q_heads], logit += slope * (key - position).
+  custom_mask (rpa's, FlashInfer's flat bool form): replaces the causal mask;
+  dropped keys take no part, a row without a kept key is 0.
 
   Differences, all deliberate: only the pages a sequence reads are gathered
   (JAX gathers all of page_indices[i] and clamps out-of-range ones); the
@@ -145,10 +148,14 @@ def numpy_ref(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, 
   num_kv_heads = num_combined_kv_heads // 2
   num_query_per_kv = queries.shape[1] // num_kv_heads
   out = np.zeros(queries.shape)
+  mask_at = 0
   for i in range(int(num_seqs[0])):
     q_start, q_end = int(cu_q_lens[i]), int(cu_q_lens[i + 1])
     q_len = q_end - q_start
     kv_len = int(kv_lens[i])
+    if custom_mask is not None:
+      keep = np.asarray(custom_mask[mask_at:mask_at + q_len * kv_len], bool).reshape(q_len, kv_len)
+      mask_at += q_len * kv_len
     if q_len == 0 or kv_len == 0:  # kv_len 0: a padded paged_attention slot.
       continue
     indices = page_indices[i][:cdiv(kv_len, page_size)]
@@ -164,13 +171,20 @@ def numpy_ref(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, 
     attn = np.einsum("qhd,khd->hqk", q, k) * sm_scale
     q_span = (kv_len - q_len) + np.arange(q_len)[None, :, None]
     kv_span = np.arange(kv_len)[None, None, :]
-    mask = (q_span < kv_span) & causal
+    mask = (q_span < kv_span) & causal & (custom_mask is None)
     if sliding_window is not None:
       mask = np.logical_or(mask, q_span - sliding_window >= kv_span)
+    if alibi_slopes is not None:
+      attn = attn + np.asarray(alibi_slopes, np.float64)[:, None, None] * (kv_span - q_span)
     if soft_cap is not None:
       attn = soft_cap * np.tanh(attn / soft_cap)
     attn = attn + np.where(mask, mask_value, 0.0)
+    if custom_mask is not None:
+      attn = np.where(keep[None], attn, -np.inf)
+      attn[:, ~keep.any(axis=1)] = 0.0  # No kept key: weights 0 below.
     attn = softmax(attn, axis=-1)
+    if custom_mask is not None:
+      attn = np.where(keep[None], attn, 0.0)
     out[q_start:q_end] = np.einsum("hqk,khd->qhd", attn, v)
   return out
 
