@@ -40,7 +40,9 @@ struct MlaScratchShape {
 // Row strides are the task's rows_pad (MlaKernelArgs), at most the plan's.
 struct MlaScratch {
   float* qt = nullptr;         // [dim_ckv + dim_kpe][rows_pad] q transposed, f32.
-  uint16_t* q_pairs = nullptr; // [(dim_ckv + dim_kpe) / 2][rows_pad][2] bf16 (pair kernels).
+  // q in bf16 for the pair kernel: [(dim_ckv + dim_kpe) / 2][rows_pad][2]
+  // pairs across rows, or (up to 32 rows) whole rows [rows_pad][dim_ckv + dim_kpe].
+  uint16_t* q_pairs = nullptr;
   float* st = nullptr;         // [kMlaTileKeys][rows_pad] logits, then weights.
   float* acc = nullptr;        // [rows_pad][dim_ckv] accumulators.
   float* m = nullptr;          // [rows_pad] running maximum.
