@@ -33,6 +33,9 @@ class BatchMLAAttention:
 
   Args:
     num_threads: worker threads; None uses RPA_NUM_THREADS, else every core.
+
+  Returns:
+    A wrapper without a plan: `plan` before `run`.
   """
 
   def __init__(self, num_threads: int | None = None):
@@ -58,6 +61,9 @@ class BatchMLAAttention:
       q_data_type: q's and out's dtype (bfloat16, float16, float32);
         kv_data_type: the caches' (None for q's; also float8_e4m3fn).
       num_pages: the caches' shape[0]: every page read must be below it.
+
+    Returns:
+      None.
 
     Raises:
       ValueError (rpa.Error): the library's message; the previous plan stays.
