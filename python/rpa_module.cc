@@ -148,11 +148,12 @@ std::string DtypeRepr(py::handle obj, const std::string& fallback) {
 // the library's wording for dtypes it can name but does not support.
 [[noreturn]] void ThrowUnsupportedDtype(const std::string& name, const std::string& dtype_repr) {
   std::string allowed = "int32";
-  if (name == "q" || name == "out" || name == "out_a" || name == "out_b") {
+  if (name == "q" || name == "out" || name == "out_a" || name == "out_b" || name == "q_nope" ||
+      name == "q_pe") {
     allowed = "float32, bfloat16, float16";
   }
   if (name == "kv_pages" || name == "k_pages" || name == "v_pages" || name == "new_k" ||
-      name == "new_v") {
+      name == "new_v" || name == "ckv_cache" || name == "kpe_cache") {
     allowed = "float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8";
   }
   if (name == "sinks" || name == "lse" || name == "lse_a" || name == "lse_b") allowed = "float32";
@@ -1146,6 +1147,132 @@ class Plan {
   std::shared_mutex mutex_;
 };
 
+// ---- rpa::MlaPlan (rpa.BatchMLAAttention): FlashInfer's MLA plan / run.
+
+// A thread-safe rpa::MlaPlan: runs share it, a plan waits for them (the GIL
+// is released while either waits or works).
+class MlaPlanBinding {
+ public:
+  struct ShapeArgs {
+    py::object num_heads, head_dim_ckv, head_dim_kpe, page_size, num_pages, q_dtype, kv_dtype;
+  };
+
+  void Plan(py::handle qo_indptr, py::handle kv_indptr, py::handle kv_indices,
+            py::handle kv_len_arr, const ShapeArgs& shape_args, bool causal,
+            py::handle sm_scale, py::handle num_threads) {
+    const rpa::DType q_dtype = DtypeByName(shape_args.q_dtype, "q_data_type");
+    const rpa::MlaShape shape{
+        RequiredInt(shape_args.num_heads, "num_heads"),
+        RequiredInt(shape_args.head_dim_ckv, "head_dim_ckv"),
+        RequiredInt(shape_args.head_dim_kpe, "head_dim_kpe"),
+        RequiredInt(shape_args.page_size, "page_size"),
+        RequiredInt(shape_args.num_pages, "num_pages"),
+        q_dtype,
+        shape_args.kv_dtype.is_none() ? q_dtype : DtypeByName(shape_args.kv_dtype, "kv_data_type")};
+    rpa::MlaOptions options;
+    options.causal = causal;
+    options.sm_scale = OptionalFloat(sm_scale, "sm_scale").value_or(1.0);
+    options.num_threads = OptionalThreads(num_threads);
+    const Array a = Array::Open(qo_indptr, "qo_indptr", false);
+    const Array b = Array::Open(kv_indptr, "kv_indptr", false);
+    const Array c = Array::Open(kv_indices, "kv_indices", false);
+    const Array d = Array::Open(kv_len_arr, "kv_len_arr", false);
+    py::gil_scoped_release release;
+    std::unique_lock lock(mutex_);
+    plan_.Plan(shape,
+               rpa::MlaPageTable{a.const_view(), b.const_view(), c.const_view(), d.const_view()},
+               options);
+  }
+
+  // kv_dtype names a float8 cache's own dtype (read from its uint8 view);
+  // none: a uint8 cache is read as the planned float8 kv_dtype.
+  py::object Run(py::handle q_nope, py::handle q_pe, py::handle ckv, py::handle kpe,
+                 py::handle out, py::handle lse, py::handle kv_scale, py::handle kv_dtype) {
+    const Array qn = Array::Open(q_nope, "q_nope", false);
+    const Array qp = Array::Open(q_pe, "q_pe", false);
+    Array c = Array::Open(ckv, "ckv_cache", false);
+    Array k = Array::Open(kpe, "kpe_cache", false);
+    // A uint8 cache holds codes of the planned float8 dtype.
+    std::optional<rpa::DType> as = ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true);
+    if (!as) {
+      py::gil_scoped_release release;
+      std::shared_lock lock(mutex_);
+      if (IsQuantized(plan_.shape().kv_dtype)) as = plan_.shape().kv_dtype;
+    }
+    c.Reinterpret(as, "ckv_cache", "kv_dtype");
+    k.Reinterpret(as, "kpe_cache", "kv_dtype");
+    rpa::MlaRunExtras extras;
+    extras.kv_scale = OptionalFloat(kv_scale, "kv_scale").value_or(1.0);
+    RowOutputs outputs(out, lse, {&qn, &qp, &c, &k});
+    extras.lse = outputs.LseView();
+    {
+      py::gil_scoped_release release;
+      std::shared_lock lock(mutex_);
+      plan_.Run(qn.const_view(), qp.const_view(), c.const_view(), k.const_view(),
+                outputs.out.view(), extras);
+    }
+    outputs.Commit();
+    return py::reinterpret_borrow<py::object>(out);
+  }
+
+  py::dict Info() {
+    py::gil_scoped_release release;
+    std::shared_lock lock(mutex_);
+    py::gil_scoped_acquire acquire;
+    py::dict info;
+    info["planned"] = plan_.planned();
+    const rpa::MlaShape s = plan_.shape();
+    info["num_tokens"] = plan_.num_tokens();
+    info["num_heads"] = s.num_heads;
+    info["head_dim_ckv"] = s.head_dim_ckv;
+    info["head_dim_kpe"] = s.head_dim_kpe;
+    info["page_size"] = s.page_size;
+    info["num_pages"] = s.num_pages;
+    info["q_data_type"] = std::string(rpa::ToString(s.q_dtype));
+    info["kv_data_type"] = std::string(rpa::ToString(s.kv_dtype));
+    info["causal"] = plan_.causal();
+    info["num_seqs"] = plan_.num_seqs();
+    info["num_threads"] = plan_.num_threads();
+    info["kernels"] = plan_.DescribeKernels();
+    return info;
+  }
+
+ private:
+  rpa::MlaPlan plan_;
+  std::shared_mutex mutex_;
+};
+
+void BindMla(py::module_& m) {
+  py::class_<MlaPlanBinding>(m, "MlaPlan",
+                             "rpa::MlaPlan: FlashInfer's MLA plan / run; see "
+                             "rpa.BatchMLAAttention.")
+      .def(py::init<>())
+      .def(
+          "plan",
+          [](MlaPlanBinding& self, py::handle qo_indptr, py::handle kv_indptr,
+             py::handle kv_indices, py::handle kv_len_arr, py::object num_heads,
+             py::object head_dim_ckv, py::object head_dim_kpe, py::object page_size,
+             bool causal, py::object sm_scale, py::object q_data_type, py::object kv_data_type,
+             py::object num_pages, py::object num_threads) {
+            self.Plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr,
+                      {num_heads, head_dim_ckv, head_dim_kpe, page_size, num_pages, q_data_type,
+                       kv_data_type},
+                      causal, sm_scale, num_threads);
+          },
+          py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"),
+          py::arg("kv_len_arr"), py::arg("num_heads"), py::arg("head_dim_ckv"),
+          py::arg("head_dim_kpe"), py::arg("page_size"), py::arg("causal"),
+          py::arg("sm_scale").none(true), py::arg("q_data_type"),
+          py::arg("kv_data_type").none(true), py::kw_only(), py::arg("num_pages"),
+          py::arg("num_threads").none(true),
+          "Plans from FlashInfer's MLA page table.")
+      .def("run", &MlaPlanBinding::Run, py::arg("q_nope"), py::arg("q_pe"), py::arg("ckv_cache"),
+           py::arg("kpe_cache"), py::arg("out"), py::kw_only(), py::arg("lse").none(true),
+           py::arg("kv_scale").none(true), py::arg("kv_dtype").none(true),
+           "Runs the plan into `out` (and `lse`) and returns out.")
+      .def("info", &MlaPlanBinding::Info, "The planned shape, sequences, threads and kernel.");
+}
+
 // For tests and debugging: how an argument reaches the library.
 py::dict ViewInfo(py::handle obj, bool writable) {
   const Array a = Array::Open(obj, "x", writable);
@@ -1390,6 +1517,8 @@ PYBIND11_MODULE(_rpa, m) {
            py::arg("kv_dtype").none(true) = py::none(),
            "Runs the plan into `out` (and `lse`) and returns out.")
       .def("info", &Plan::Info, "The planned shape, sequences, threads, tiles and kernels.");
+
+  BindMla(m);
 
   m.def("view_info", &ViewInfo, py::arg("x"), py::arg("writable") = false,
         "How an array reaches the library: data pointer, dtype, shape, element strides and "

@@ -138,8 +138,8 @@ MlaReferenceResult MlaReference(const MlaBatch& b, bool causal, double sm_scale,
   r.out.assign(static_cast<size_t>(b.num_tokens * heads * ckv), 0.0);
   r.lse.assign(static_cast<size_t>(b.num_tokens * heads), -INFINITY);
   std::vector<double> keys, q(static_cast<size_t>(dim)), logits;
-  for (size_t seq = 0; seq < spec.sequences.size(); ++seq) {
-    const int64_t q_len = spec.sequences[seq].q_len, kv_len = spec.sequences[seq].kv_len;
+  for (size_t seq = 0; seq < b.kv_len_arr.size(); ++seq) {
+    const int64_t q_len = b.qo_indptr[seq + 1] - b.qo_indptr[seq], kv_len = b.kv_len_arr[seq];
     // The sequence's latents [kv_len][ckv + kpe], read through its pages.
     keys.assign(static_cast<size_t>(kv_len * dim), 0.0);
     for (int64_t t = 0; t < kv_len; ++t) {

@@ -1,9 +1,11 @@
-// The oneDNN peer of `rpa bench` (testing/onednn_peer.h). Compiled with
+// The oneDNN peers of `rpa bench` (testing/onednn_peer.h, and the MLA one
+// of testing/onednn_mla_peer.h at the end). Compiled with
 // -ffast-math (this file alone, and never at link time, so no FTZ/DAZ for
 // the process) so that GCC vectorizes the softmax's expf through glibc's
 // libmvec, as a user's -O3 -ffast-math softmax would be; every value it
 // exponentiates is finite.
 #include "testing/onednn_peer.h"
+#include "testing/onednn_mla_peer.h"
 
 #include <stdexcept>
 
@@ -312,6 +314,148 @@ const std::string& OnednnPeer::MatmulImpl() const { return impl_->impl; }
 const std::vector<OnednnPeerPhases>& OnednnPeer::Phases() const { return impl_->history; }
 void OnednnPeer::ClearPhases() { impl_->history.clear(); }
 
+// ---- The MLA peer (testing/onednn_mla_peer.h): the same helpers.
+
+struct OnednnMlaPeer::Impl {
+  const MlaBatch& batch;
+  int threads;
+  float scale;
+  bool causal;
+  int64_t H, C, R, D;  // Heads, ckv, kpe, ckv + kpe.
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::unique_ptr<Aligned<uint16_t>> q, k, p;
+  std::unique_ptr<Aligned<float>> s, o;
+  std::vector<Shape> shapes;
+  std::vector<int> seq_shape;
+  std::string impl;
+
+  Impl(const MlaBatch& b, int t, double sm_scale, bool is_causal)
+      : batch(b),
+        threads(std::max(1, t)),
+        scale(static_cast<float>(sm_scale)),
+        causal(is_causal),
+        H(b.spec.num_heads),
+        C(b.spec.head_dim_ckv),
+        R(b.spec.head_dim_kpe),
+        D(b.spec.head_dim_ckv + b.spec.head_dim_kpe) {
+    if (b.spec.q_dtype != DType::kBF16 || b.spec.kv_dtype != DType::kBF16) {
+      throw std::invalid_argument("the oneDNN MLA peer covers bf16 q and latents only");
+    }
+    omp_set_num_threads(threads);
+    std::map<std::pair<int64_t, int64_t>, int> index;
+    size_t max_rows = 0, max_kv = 0;
+    for (size_t seq = 0; seq < b.kv_len_arr.size(); ++seq) {
+      const int64_t q_len = b.qo_indptr[seq + 1] - b.qo_indptr[seq], kv_len = b.kv_len_arr[seq];
+      auto [it, inserted] = index.try_emplace({q_len, kv_len}, static_cast<int>(shapes.size()));
+      if (inserted) {
+        Shape shape;
+        shape.q_len = q_len;
+        shape.kv_len = kv_len;
+        shapes.push_back(std::move(shape));
+      }
+      seq_shape.push_back(it->second);
+      max_rows = std::max<size_t>(max_rows, static_cast<size_t>(H * q_len));
+      max_kv = std::max<size_t>(max_kv, static_cast<size_t>(kv_len));
+    }
+    q = std::make_unique<Aligned<uint16_t>>(max_rows * D);
+    k = std::make_unique<Aligned<uint16_t>>(max_kv * D);
+    p = std::make_unique<Aligned<uint16_t>>(max_rows * max_kv);
+    s = std::make_unique<Aligned<float>>(max_rows * max_kv);
+    o = std::make_unique<Aligned<float>>(max_rows * C);
+    for (Shape& shape : shapes) {
+      if (shape.q_len == 0 || shape.kv_len == 0) continue;
+      const int64_t M = H * shape.q_len, N = shape.kv_len;
+      const dnnl::memory::desc q_md({M, D}, dt::bf16, tag::ab);
+      const dnnl::memory::desc kt_md({D, N}, dt::bf16, tag::ba);  // K^T as a view of K.
+      const dnnl::memory::desc s_md({M, N}, dt::f32, tag::ab);
+      const dnnl::memory::desc p_md({M, N}, dt::bf16, tag::ab);
+      // V: the first C columns of K's rows of D.
+      const dnnl::memory::desc v_md({N, C}, dt::bf16, dnnl::memory::dims{D, 1});
+      const dnnl::memory::desc o_md({M, C}, dt::f32, tag::ab);
+#if DNNL_VERSION_MAJOR >= 3
+      const dnnl::matmul::primitive_desc qk_pd(engine, q_md, kt_md, s_md);
+      const dnnl::matmul::primitive_desc pv_pd(engine, p_md, v_md, o_md);
+#else
+      const dnnl::matmul::primitive_desc qk_pd(dnnl::matmul::desc(q_md, kt_md, s_md), engine);
+      const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(p_md, v_md, o_md), engine);
+#endif
+      shape.qk = dnnl::matmul(qk_pd);
+      shape.pv = dnnl::matmul(pv_pd);
+      shape.q = dnnl::memory(q_md, engine, q->data);
+      shape.k = dnnl::memory(kt_md, engine, k->data);
+      shape.s = dnnl::memory(s_md, engine, s->data);
+      shape.p = dnnl::memory(p_md, engine, p->data);
+      shape.v = dnnl::memory(v_md, engine, k->data);
+      shape.o = dnnl::memory(o_md, engine, o->data);
+      impl = std::string(qk_pd.impl_info_str()) + " / " + pv_pd.impl_info_str();
+    }
+  }
+
+  void Run(uint8_t* out_bytes) {
+    omp_set_num_threads(threads);
+    const int nt = threads;
+    const int64_t ps = batch.spec.page_size;
+    const TensorView ckv = batch.CkvCache(), kpe = batch.KpeCache();
+    const auto* ckv_data = static_cast<const uint16_t*>(ckv.data);
+    const auto* kpe_data = static_cast<const uint16_t*>(kpe.data);
+    const auto* q_nope = reinterpret_cast<const uint16_t*>(batch.q_nope.data());
+    const auto* q_pe = reinterpret_cast<const uint16_t*>(batch.q_pe.data());
+    auto* out = reinterpret_cast<uint16_t*>(out_bytes);
+    for (size_t seq = 0; seq < batch.kv_len_arr.size(); ++seq) {
+      Shape& shape = shapes[static_cast<size_t>(seq_shape[seq])];
+      const int64_t q_len = shape.q_len, kv_len = shape.kv_len;
+      if (q_len == 0) continue;
+      const int64_t q0 = batch.qo_indptr[seq], M = H * q_len;
+      const int32_t* pages = batch.kv_indices.data() + batch.kv_indptr[seq];
+      uint16_t* k_dense = k->data;
+#pragma omp parallel for num_threads(nt) schedule(static) if (kv_len >= 256)
+      for (int64_t t = 0; t < kv_len; ++t) {
+        const int64_t page = pages[t / ps], slot = t % ps;
+        std::memcpy(k_dense + t * D, ckv_data + page * ckv.strides[0] + slot * ckv.strides[1],
+                    static_cast<size_t>(C) * 2);
+        std::memcpy(k_dense + t * D + C, kpe_data + page * kpe.strides[0] + slot * kpe.strides[1],
+                    static_cast<size_t>(R) * 2);
+      }
+      // Row r = head * q_len + token (rows of one head adjacent).
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < q_len; ++t) {
+          uint16_t* row = q->data + (h * q_len + t) * D;
+          std::memcpy(row, q_nope + ((q0 + t) * H + h) * C, static_cast<size_t>(C) * 2);
+          std::memcpy(row + C, q_pe + ((q0 + t) * H + h) * R, static_cast<size_t>(R) * 2);
+        }
+      }
+      shape.qk.execute(stream, {{DNNL_ARG_SRC, shape.q}, {DNNL_ARG_WEIGHTS, shape.k},
+                                {DNNL_ARG_DST, shape.s}});
+      stream.wait();
+      float* s_rows = s->data;
+      uint16_t* p_rows = p->data;
+      const float sc = scale;
+      const bool is_causal = causal;
+#pragma omp parallel for num_threads(nt) schedule(static) if (M * kv_len >= 16384)
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t visible = is_causal ? kv_len - q_len + r % q_len + 1 : kv_len;
+        SoftmaxRow(s_rows + r * kv_len, p_rows + r * kv_len, visible, kv_len, sc);
+      }
+      shape.pv.execute(stream, {{DNNL_ARG_SRC, shape.p}, {DNNL_ARG_WEIGHTS, shape.v},
+                                {DNNL_ARG_DST, shape.o}});
+      stream.wait();
+      const float* o_rows = o->data;
+#pragma omp parallel for num_threads(nt) schedule(static) if (M * C >= 65536)
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t h = r / q_len, t = r % q_len;
+        RowToBf16(o_rows + r * C, out + ((q0 + t) * H + h) * C, C);
+      }
+    }
+  }
+};
+
+OnednnMlaPeer::OnednnMlaPeer(const MlaBatch& batch, int threads, double sm_scale, bool causal)
+    : impl_(std::make_unique<Impl>(batch, threads, sm_scale, causal)) {}
+OnednnMlaPeer::~OnednnMlaPeer() = default;
+void OnednnMlaPeer::Run(uint8_t* out) { impl_->Run(out); }
+const std::string& OnednnMlaPeer::MatmulImpl() const { return impl_->impl; }
+
 }  // namespace rpa::testing
 
 #else  // !RPA_HAVE_ONEDNN
@@ -340,6 +484,18 @@ const std::vector<OnednnPeerPhases>& OnednnPeer::Phases() const {
   return none;
 }
 void OnednnPeer::ClearPhases() {}
+
+struct OnednnMlaPeer::Impl {};
+
+OnednnMlaPeer::OnednnMlaPeer(const MlaBatch&, int, double, bool) {
+  throw std::runtime_error(RPA_ONEDNN_PEER_REASON);
+}
+OnednnMlaPeer::~OnednnMlaPeer() = default;
+void OnednnMlaPeer::Run(uint8_t*) { throw std::runtime_error(RPA_ONEDNN_PEER_REASON); }
+const std::string& OnednnMlaPeer::MatmulImpl() const {
+  static const std::string none;
+  return none;
+}
 
 }  // namespace rpa::testing
 

@@ -7,7 +7,7 @@
 //  - split-KV (few long sequences on 4 threads) and the LSE: two halves of
 //    the keys merged (rpa::MergeStates) give the whole;
 //  - a plan reused after the caller rewrote and freed its metadata, many
-//    runs of one plan, and no allocation in a warm run;
+//    runs of one plan, and no allocation in a warm plan or run;
 //  - every message of Plan and Run, with nothing written.
 #include "rpa/mla.h"
 
@@ -307,6 +307,10 @@ TEST(MlaTest, PlanIsSafeAfterTheCallerFreesItsMetadataAndRunsRepeat) {
     plan.Run(b.QNope(), b.QPe(), b.CkvCache(), b.KpeCache(), b.OutView(again.out), extras);
   }
   EXPECT_EQ(g_allocations.load(), before) << "a warm run allocated";
+  plan.Plan(b.Shape(), b.PageTable(), options);  // Both states warm now.
+  const int64_t before_plan = g_allocations.load();
+  plan.Plan(b.Shape(), b.PageTable(), options);
+  EXPECT_EQ(g_allocations.load(), before_plan) << "a warm plan allocated";
   EXPECT_EQ(again.out, first.out);  // The plan fixes the arithmetic: same bytes.
 #endif
 }

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_mla.h"
 #include "commands.h"
 #include "compute.h"
 #include "kernel/cpu_features.h"
@@ -217,6 +218,37 @@ void ApplyLimits(const MachineLimits& limits, Result& r) {
 void Progress(const std::string& line) {
   std::fprintf(stderr, "\r\033[K%s", line.c_str());
   std::fflush(stderr);
+}
+
+// ---- mla-decode (tools/bench_mla.h): its rows as Results, against the bf16
+// roofline (bf16 latents: the bf16 dot peak where it beats the FMA's).
+std::vector<Result> RunMlaDecodeWorkload(int all_threads, const BenchArgs& args, int index,
+                                         int total) {
+  std::vector<Result> results;
+  const std::string label = "[" + std::to_string(index) + "/" + std::to_string(total) + "] ";
+  for (const MlaDecodeRow& m :
+       RunMlaDecode(all_threads, args.quick, [&](const std::string& s) { Progress(label + s); })) {
+    Result r;
+    r.name = m.name;
+    r.threads = m.threads;
+    r.all_threads = m.threads > 1;
+    r.ms = m.ms;
+    r.reps = m.reps;
+    r.copies = 1;  // 151 MB of latents: beyond the LLC already.
+    r.flops = m.flops;
+    r.kv_bytes = m.latent_bytes;
+    r.kv_dtype = DType::kBF16;
+    r.tokens_per_s = m.tokens_per_s;
+    r.gbs = m.latent_bytes / (m.ms * 1e-3) * 1e-9;
+    r.gflops = m.flops / (m.ms * 1e-3) * 1e-9;
+    r.path = m.path;
+    r.onednn_peer = true;
+    r.onednn_ms = m.onednn_ms;
+    r.onednn_max_abs_diff = m.onednn_max_abs_diff;
+    r.onednn_impl = m.onednn_impl;
+    results.push_back(r);
+  }
+  return results;
 }
 
 std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, int all_threads,
@@ -621,7 +653,7 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
     for (const Result& r : results) {
       if (!r.onednn_impl.empty()) impl = r.onednn_impl;
     }
-    std::printf("\noneDNN peer (prefill, mixed): oneDNN %s, ISA %s, %s threads = rpa's, matmuls %s:\n"
+    std::printf("\noneDNN peer (prefill, mixed, mla-decode): oneDNN %s, ISA %s, %s threads = rpa's, matmuls %s:\n"
                 "  gather K/V/q to dense bf16 + QK^T (bf16 matmul, f32 out) + scale/mask/softmax (C++)\n"
                 "  + PV (bf16 matmul) per sequence and kv head, verified against rpa's output first\n",
                 onednn.version.c_str(), onednn.isa.c_str(), onednn.threading.c_str(),
@@ -639,7 +671,9 @@ int RunBench(const BenchArgs& args) {
   }
   const bool layers =
       args.only.empty() || std::find(args.only.begin(), args.only.end(), "layers") != args.only.end();
-  const int total = static_cast<int>(workloads.size()) + (layers ? 1 : 0) + 1;
+  const bool mla = args.only.empty() ||
+                   std::find(args.only.begin(), args.only.end(), "mla-decode") != args.only.end();
+  const int total = static_cast<int>(workloads.size()) + (layers ? 1 : 0) + (mla ? 1 : 0) + 1;
   Progress("[0/" + std::to_string(total - 1) + "] measuring the machine's limits");
   MachineLimits limits = MeasureMachine(threads, args.quick);
   std::vector<Result> results;
@@ -655,7 +689,18 @@ int RunBench(const BenchArgs& args) {
     for (Result& r : workload_results) results.push_back(r);
   }
   if (layers) {
-    for (Result& r : RunLayers(limits, threads, args, total - 1, total - 1)) results.push_back(r);
+    const int index = static_cast<int>(workloads.size()) + 1;
+    for (Result& r : RunLayers(limits, threads, args, index, total - 1)) results.push_back(r);
+  }
+  if (mla) {
+    try {
+      for (Result& r : RunMlaDecodeWorkload(threads, args, total - 1, total - 1)) {
+        results.push_back(r);
+      }
+    } catch (const std::exception& e) {  // The oneDNN MLA peer disagreed: the bench fails.
+      std::fprintf(stderr, "\r\033[Krpa bench: %s\n", e.what());
+      return 1;
+    }
   }
   // Measured again after the workloads, and each limit is the higher of the
   // two: on a shared host a neighbour can take a core or the memory bus
@@ -688,7 +733,7 @@ void AddBenchCommand(CLI::App& app) {
                   "the kernel without memory");
   bench->add_option("--only", args->only,
                     "Workloads to run: decode, decode-fp8, decode-f16, decode-long, verify, prefill, "
-                    "mixed, layers");
+                    "mixed, layers, mla-decode");
   bench->add_option("--threads", args->threads,
                     "Threads for the all-threads runs (0: RPA_NUM_THREADS or all cores)")
       ->capture_default_str();

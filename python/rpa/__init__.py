@@ -36,6 +36,8 @@ The functions:
                                   (FlashInfer's MultiLevelCascadeAttention)
     vllm_page_table               vLLM's query_start_loc / seq_lens /
                                   block_table as JAX's page table
+    BatchMLAAttention             DeepSeek's multi-head latent attention
+                                  (FlashInfer's MLA plan/run; docs/mla.md)
     quantize, dequantize          float8_e4m3fn / float8_e5m2 / int8 codes
                                   with a scale, as the library converts them
     get_tuned_block_sizes         JAX's block-size lookup (the library's
@@ -52,14 +54,16 @@ splits a batch's pages across ranks and merges their partial attentions
 (context parallelism), or slices the heads (tensor parallelism).
 
 torch operators: `torch.ops.rpa.ragged_paged_attention` (and `.out`),
-`ragged_paged_attention_with_lse`, `reshape_and_cache` and `merge_states`
-(rpa.torch), registered as soon as torch is imported, before or after rpa;
+`ragged_paged_attention_with_lse`, `reshape_and_cache`, `merge_states`,
+`concat_and_cache_mla` and `cache_mla` (rpa.torch), registered as soon as
+torch is imported, before or after rpa;
 `import rpa` never imports torch itself.
 """
 
 from ._rpa import __version__, build_info
 from ._batch import BatchAttention, vllm_page_table
 from ._cascade import CascadeAttention
+from ._mla import BatchMLAAttention
 from ._api import (
     DEFAULT_MASK_VALUE,
     Error,
@@ -137,6 +141,7 @@ _torch_ops_when_torch_loads()
 __all__ = [
     "BatchAttention",
     "CascadeAttention",
+    "BatchMLAAttention",
     "DEFAULT_MASK_VALUE",
     "Error",
     "__version__",

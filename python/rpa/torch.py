@@ -13,6 +13,10 @@ explicitly (importing torch). The operators, on CPU tensors:
                       kv_cache_dtype="auto", k_scale=None, v_scale=None, *,
                       kv_layout="NHD") -> ()
     merge_states(out_a, lse_a, out_b, lse_b, *, lse_base=e) -> (Tensor, Tensor)
+    concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="auto",
+                         scale=None) -> ()
+    cache_mla(kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping, kv_cache_dtype="auto",
+              scale=None) -> ()
 
 <options> are `rpa.ragged_paged_attention`'s keywords (sm_scale,
 sliding_window, soft_cap, mask_value, k_scale, v_scale,
@@ -35,13 +39,14 @@ import os
 
 import torch
 
-from . import _api
+from . import _api, _torch_mla
+from ._torch_mla import cache_mla, concat_and_cache_mla
 
-__all__ = ["reshape_and_cache", "OPS"]
+__all__ = ["reshape_and_cache", "concat_and_cache_mla", "cache_mla", "OPS"]
 
 # torch.ops.rpa.<name>: what this module registers.
 OPS = ("ragged_paged_attention", "ragged_paged_attention_with_lse", "reshape_and_cache",
-       "merge_states")
+       "merge_states", *_torch_mla.SCHEMAS)
 
 _ARGS = ("Tensor q, Tensor kv_pages, Tensor kv_lens, Tensor page_indices, Tensor cu_q_lens, "
          "Tensor num_seqs")
@@ -65,6 +70,7 @@ SCHEMAS = {
     "merge_states":
         f"merge_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b, *, "
         f"float lse_base={math.e!r}) -> (Tensor, Tensor)",
+    **_torch_mla.SCHEMAS,  # The MLA cache writes (rpa/_torch_mla.py).
 }
 
 
@@ -301,6 +307,7 @@ _KERNELS = {
     "ragged_paged_attention_with_lse": (_ragged_lse, _meta_ragged_lse),
     "reshape_and_cache": (reshape_and_cache, _meta_reshape_and_cache),
     "merge_states": (_merge_states, _meta_merge_states),
+    **_torch_mla.KERNELS,
 }
 
 

@@ -1,26 +1,32 @@
 // The MLA kernel on AVX-512 BF16 (mla_avx512_bf16_pairs): both products by
 // vdpbf16ps, pairs of bf16 multiplied and summed into f32 lanes.
 //
-// Arithmetic: q (bf16, exact) is packed once per task into dimension pairs
-// across rows, q_pairs [dim_qk / 2][R16][2]. Logits: per pair of dims, a
-// key's two cache elements (one 32-bit broadcast, read in place from its
-// page; fp8 e4m3fn first converted to bf16 exactly through the table of
-// avx512_common.h) times 16 rows' q pairs, one vdpbf16ps. PV: the tile's ckv
+// Arithmetic: keys are read in place from their pages (fp8 e4m3fn first
+// converted to bf16 exactly through the table of avx512_common.h). Logits of
+// more than 32 rows: q (bf16, exact) packed once per task into dimension
+// pairs across rows, q_pairs [dim_qk / 2][R16][2]; per pair of dims, a key's
+// two elements (one 32-bit broadcast) times 16 rows' q pairs, one vdpbf16ps.
+// Up to 32 rows (decode of <= 32 heads): 32-dim chunks of 4 keys times
+// chunks of 4 q rows, each accumulator summed across lanes at the end. PV: the tile's ckv
 // rows are packed into key pairs [n / 2][dim_ckv][2] (odd n: a zero key) and
 // the weights, rounded to bf16 (nearest even), into key pairs across rows
-// [n / 2][R16][2]; per pair of keys, a dimension's two elements broadcast
-// times 16 rows' weight pairs. Products are exact, sums f32; the weights'
+// [n / 2][R16][2]; per pair of keys, a row's two weights broadcast times 16
+// dims' pairs. Products are exact, sums f32; the weights'
 // bf16 rounding (2^-9 relative) is the only error beyond f32's, inside the
 // bf16 tolerance; the softmax's sum l adds the unrounded weights.
 //
-// Shapes: blocks of kA cache elements (keys or dims) x kB vectors of 16
-// rows, kA * kB <= 24 accumulators, kA + kB loads per kA * kB vdpbf16ps.
+// Shapes: blocks of kA broadcast pairs (keys for the logits, rows for PV) x
+// kB vectors of 16 (rows, dims), kA * kB <= 24 accumulators, kA + kB loads
+// per kA * kB vdpbf16ps.
 //
 // Dispatch: bf16 q with bf16 or fp8 e4m3fn latents where vdpbf16ps issues
 // at the f32 FMA's rate (AMD Zen 4: twice its flops), mla_kernel.h.
 #include "mla/mla_kernel.h"
 
 #if defined(__x86_64__)
+#include <algorithm>
+#include <cstring>
+
 #include "kernel/avx512_common.h"
 
 #define RPA_MLA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -49,13 +55,21 @@ struct PairGemm {
   bool accumulate;
 };
 
+// vdpbf16ps's latency times its issue rate (Zen 4: 12 measured, the bf16
+// peak's accumulators in testing/machine.cc) independent sums keep it busy:
+// a block of fewer accumulators keeps two sets, even and odd k.
+constexpr int kMinChains = 12;
+
 template <int kA, int kB>
 RPA_MLA_BF16_TARGET void PairBlock(const PairGemm& g, int64_t a0, int64_t b0) {
-  __m512 acc[kA][kB];
+  constexpr int kSets = kA * kB < kMinChains ? 2 : 1;
+  __m512 acc[kSets][kA][kB];
   for (int a = 0; a < kA; ++a) {
     for (int b = 0; b < kB; ++b) {
-      acc[a][b] = g.accumulate ? _mm512_loadu_ps(g.out + (a0 + a) * g.out_a_step + (b0 + b) * 16)
-                               : _mm512_setzero_ps();
+      acc[0][a][b] = g.accumulate
+                         ? _mm512_loadu_ps(g.out + (a0 + a) * g.out_a_step + (b0 + b) * 16)
+                         : _mm512_setzero_ps();
+      if constexpr (kSets == 2) acc[1][a][b] = _mm512_setzero_ps();
     }
   }
   for (int si = 0; si < g.num_segs; ++si) {
@@ -66,7 +80,8 @@ RPA_MLA_BF16_TARGET void PairBlock(const PairGemm& g, int64_t a0, int64_t b0) {
                                    : seg.x_base + (a0 + a) * seg.x_a_step;
     }
     const uint16_t* y = seg.y + b0 * 32;
-    for (int64_t k = 0; k < seg.k_count; ++k) {
+    // acc[set] += x_a[k] . y[k] for one k.
+    auto step = [&](int set, int64_t k) __attribute__((always_inline)) RPA_MLA_BF16_TARGET {
       __m512i yv[kB];
       for (int b = 0; b < kB; ++b) yv[b] = _mm512_loadu_si512(y + k * seg.y_k_step + b * 32);
       for (int a = 0; a < kA; ++a) {
@@ -74,14 +89,23 @@ RPA_MLA_BF16_TARGET void PairBlock(const PairGemm& g, int64_t a0, int64_t b0) {
         std::memcpy(&pair, x[a] + k * seg.x_k_step, sizeof(pair));
         const __m512bh xb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
         for (int b = 0; b < kB; ++b) {
-          acc[a][b] = _mm512_dpbf16_ps(acc[a][b], xb, reinterpret_cast<__m512bh>(yv[b]));
+          acc[set][a][b] =
+              _mm512_dpbf16_ps(acc[set][a][b], xb, reinterpret_cast<__m512bh>(yv[b]));
         }
       }
+    };
+    int64_t k = 0;
+    for (; k + kSets <= seg.k_count; k += kSets) {
+      step(0, k);
+      if constexpr (kSets == 2) step(1, k + 1);
     }
+    if (k < seg.k_count) step(0, k);
   }
   for (int a = 0; a < kA; ++a) {
     for (int b = 0; b < kB; ++b) {
-      _mm512_storeu_ps(g.out + (a0 + a) * g.out_a_step + (b0 + b) * 16, acc[a][b]);
+      __m512 sum = acc[0][a][b];
+      if constexpr (kSets == 2) sum = _mm512_add_ps(sum, acc[1][a][b]);
+      _mm512_storeu_ps(g.out + (a0 + a) * g.out_a_step + (b0 + b) * 16, sum);
     }
   }
 }
@@ -96,8 +120,9 @@ RPA_MLA_BF16_TARGET void PairBlocksOf(const PairGemm& g, int64_t a_count, int64_
   });
 }
 
-RPA_MLA_BF16_TARGET void PairProduct(const PairGemm& g, int64_t a_count, int64_t rows_pad) {
-  const int64_t vectors = rows_pad / 16;
+// a_count rows of out, width / 16 vectors each.
+RPA_MLA_BF16_TARGET void PairProduct(const PairGemm& g, int64_t a_count, int64_t width) {
+  const int64_t vectors = width / 16;
   int64_t b = 0;
   for (; b + 4 <= vectors; b += 4) PairBlocksOf<4>(g, a_count, b);
   switch (vectors - b) {
@@ -119,15 +144,83 @@ RPA_MLA_BF16_TARGET inline __m512i InterleavePairs(__m512 a, __m512 b) {
   return _mm512_permutexvar_epi16(order, both);
 }
 
-// q_pairs[p][r] = (qt[2p][r], qt[2p + 1][r]) in bf16: exact for bf16 q.
+// Up to this many rows (two vectors), the logits take q as whole rows
+// (RowLogits): with keys across lanes broadcasting q pairs would cost a
+// broadcast per one or two vdpbf16ps, more loads than the core issues.
+constexpr int64_t kRowLogitsMaxRows = 32;
+
+// q as bf16 (exact for bf16 q) in scratch->q_pairs: whole rows [R16][dim_qk]
+// for RowLogits, else q_pairs[p][r] = (qt[2p][r], qt[2p + 1][r]).
 RPA_MLA_BF16_TARGET void PairsPrepareQ(const MlaKernelArgs& args) {
   const MlaScratch& s = *args.scratch;
-  const int64_t pairs = (args.dim_ckv + args.dim_kpe) / 2;
-  for (int64_t p = 0; p < pairs; ++p) {
+  const int64_t dim_qk = args.dim_ckv + args.dim_kpe;
+  if (args.rows_pad <= kRowLogitsMaxRows) {
+    for (int64_t r = 0; r < args.rows_pad; ++r) {
+      for (int64_t d = 0; d < dim_qk; ++d) {
+        s.q_pairs[r * dim_qk + d] = BF16FromF32(s.qt[d * args.rows_pad + r]).bits;
+      }
+    }
+    return;
+  }
+  for (int64_t p = 0; p < dim_qk / 2; ++p) {
     for (int64_t r = 0; r < args.rows_pad; r += 16) {
       const __m512i v = InterleavePairs(_mm512_loadu_ps(s.qt + 2 * p * args.rows_pad + r),
                                         _mm512_loadu_ps(s.qt + (2 * p + 1) * args.rows_pad + r));
       _mm512_storeu_si512(s.q_pairs + (p * args.rows_pad + r) * 2, v);
+    }
+  }
+}
+
+// acc[4 k + r] += the vdpbf16ps of keys' and rows' `dims` dims (32 at a
+// time, a masked last 16), lanes holding partial sums.
+RPA_MLA_BF16_TARGET __attribute__((always_inline)) inline void RowDots(
+    const uint16_t* const* keys, const uint16_t* const* rows, int64_t dims, __m512* acc) {
+  for (int64_t d = 0; d < dims; d += 32) {
+    const __mmask32 lanes = dims - d >= 32 ? ~__mmask32{0} : (__mmask32{1} << (dims - d)) - 1;
+    __m512i kv[4], qv[4];
+    for (int k = 0; k < 4; ++k) kv[k] = _mm512_maskz_loadu_epi16(lanes, keys[k] + d);
+    for (int r = 0; r < 4; ++r) qv[r] = _mm512_maskz_loadu_epi16(lanes, rows[r] + d);
+    for (int k = 0; k < 4; ++k) {
+      for (int r = 0; r < 4; ++r) {
+        acc[4 * k + r] = _mm512_dpbf16_ps(acc[4 * k + r], reinterpret_cast<__m512bh>(kv[k]),
+                                          reinterpret_cast<__m512bh>(qv[r]));
+      }
+    }
+  }
+}
+
+// st[i][r] for 4 keys x 4 rows from 16 accumulators of whole 32-dim chunks
+// (keys and q rows as they lie), each summed across its lanes at the end
+// (SumEach16): 8 loads per 16 vdpbf16ps. A key block past n repeats key
+// n - 1 and stores only the keys below n.
+RPA_MLA_BF16_TARGET void RowLogits(const MlaKernelArgs& args, const MlaTile& tile) {
+  const MlaScratch& s = *args.scratch;
+  const int64_t dim_qk = args.dim_ckv + args.dim_kpe;
+  for (int64_t i0 = 0; i0 < tile.n; i0 += 4) {
+    const uint16_t* ckv[4];
+    const uint16_t* kpe[4];
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = std::min<int64_t>(i0 + k, tile.n - 1);
+      ckv[k] = static_cast<const uint16_t*>(tile.ckv[i]);
+      kpe[k] = static_cast<const uint16_t*>(tile.kpe[i]);
+    }
+    const int64_t keys = std::min<int64_t>(4, tile.n - i0);
+    for (int64_t r0 = 0; r0 < args.rows_pad; r0 += 4) {
+      const uint16_t* q_nope[4];
+      const uint16_t* q_pe[4];
+      for (int r = 0; r < 4; ++r) {
+        q_nope[r] = s.q_pairs + (r0 + r) * dim_qk;
+        q_pe[r] = q_nope[r] + args.dim_ckv;
+      }
+      __m512 acc[16];
+      for (__m512& a : acc) a = _mm512_setzero_ps();
+      RowDots(ckv, q_nope, args.dim_ckv, acc);
+      RowDots(kpe, q_pe, args.dim_kpe, acc);
+      alignas(64) float sums[16];
+      _mm512_store_ps(sums, avx512::SumEach16(acc));
+      for (int64_t k = 0; k < keys; ++k) {
+        std::memcpy(s.st + (i0 + k) * args.rows_pad + r0, sums + 4 * k, 4 * sizeof(float));
+      }
     }
   }
 }
@@ -162,6 +255,7 @@ RPA_MLA_BF16_TARGET MlaTile PairsPrepareTile(const MlaKernelArgs& args, const Ml
 }
 
 RPA_MLA_BF16_TARGET void PairsLogits(const MlaKernelArgs& args, const MlaTile& tile) {
+  if (args.rows_pad <= kRowLogitsMaxRows) return RowLogits(args, tile);
   const MlaScratch& s = *args.scratch;
   const int64_t y_step = 2 * args.rows_pad;
   PairGemm g{};
@@ -225,13 +319,13 @@ RPA_MLA_BF16_TARGET void PairsPv(const MlaKernelArgs& args, const MlaTile& tile)
   const uint16_t* values = PackValues(args, tile);
   const uint16_t* weights = PackWeights(args, tile);
   PairGemm g{};
-  g.seg[0] = PairSegment{nullptr,  values, 2, 2 * args.dim_ckv, weights, 2 * args.rows_pad,
+  g.seg[0] = PairSegment{nullptr, weights, 2, 2 * args.rows_pad, values, 2 * args.dim_ckv,
                          (tile.n + 1) / 2};
   g.num_segs = 1;
   g.out = s.acc;
-  g.out_a_step = args.rows_pad;
+  g.out_a_step = args.dim_ckv;
   g.accumulate = true;
-  PairProduct(g, args.dim_ckv, args.rows_pad);
+  PairProduct(g, args.rows, args.dim_ckv);
 }
 
 }  // namespace

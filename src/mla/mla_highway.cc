@@ -4,7 +4,7 @@
 //
 // Task loop, per task (rows across lanes, mla_kernel.h):
 //   qt[d][r] = q_r[d] (q_nope then q_pe), f32; m = -inf, l = 0, acc = 0
-//   per KV tile of n <= 64 keys t0..t0+n-1 (rows read in place in their pages):
+//   per KV tile of n <= 128 keys t0..t0+n-1 (rows read in place in their pages):
 //     st[i][r] = q_r . k_i                             (kernel logits)
 //     x = st * sm_scale * kv_scale; causal: x = -inf for t0 + i > pos_r
 //     m' = max(m, max_i x); alpha = e^(m - m'); P = e^(x - m')
@@ -16,8 +16,8 @@
 //
 // Kernel mla_highway_f32: every cache row converted to f32 exactly once per
 // tile (fp8 e4m3fn as value * 2^-8, undone in the scales), then both
-// products as broadcast-FMA blocks: one cache element (a key's dim for the
-// logits, a dim of a key for PV) broadcast against a vector of rows.
+// products as broadcast-FMA blocks: logits broadcast one element of a key
+// against a vector of rows' q, PV one row's weight against a vector of dims.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "mla/mla_highway.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -90,7 +90,7 @@ HWY_INLINE void F32Block(const F32Gemm& g, int64_t a0, int64_t b0) {
   }
 }
 
-// The whole product: a_count rows of out, rows_pad / Lanes vectors each.
+// The whole product: a_count rows of out, `vectors` vectors each.
 template <int kB>
 HWY_INLINE void F32BlocksOf(const F32Gemm& g, int64_t a_count, int64_t b0) {
   ForEachMlaBlock<kAccs / kB>(a_count, [&]<int kA>(int64_t a0) HWY_ATTR {
@@ -98,8 +98,8 @@ HWY_INLINE void F32BlocksOf(const F32Gemm& g, int64_t a_count, int64_t b0) {
   });
 }
 
-HWY_NOINLINE void F32Product(const F32Gemm& g, int64_t a_count, int64_t rows_pad) {
-  const int64_t vectors = rows_pad / static_cast<int64_t>(hn::Lanes(DF()));
+HWY_NOINLINE void F32Product(const F32Gemm& g, int64_t a_count, int64_t width) {
+  const int64_t vectors = width / static_cast<int64_t>(hn::Lanes(DF()));
   int64_t b = 0;
   for (; b + 2 <= vectors; b += 2) F32BlocksOf<2>(g, a_count, b);
   if (b < vectors) F32BlocksOf<1>(g, a_count, b);
@@ -132,9 +132,9 @@ void F32Logits(const MlaKernelArgs& args, const MlaTile& tile) {
 void F32Pv(const MlaKernelArgs& args, const MlaTile& tile) {
   const MlaScratch& s = *args.scratch;
   const int64_t dim_qk = args.dim_ckv + args.dim_kpe;
-  const F32Gemm g{static_cast<const float*>(s.tile), 1, dim_qk, s.st, args.rows_pad, tile.n,
-                  s.acc, args.rows_pad, true};
-  F32Product(g, args.dim_ckv, args.rows_pad);
+  const F32Gemm g{s.st, 1, args.rows_pad, static_cast<const float*>(s.tile), dim_qk, tile.n,
+                  s.acc, args.dim_ckv, true};
+  F32Product(g, args.rows, args.dim_ckv);
 }
 
 const MlaKernel kF32Kernel = {"mla_highway_f32", /*e4m3_scaled=*/true, F32PrepareQ,
@@ -187,7 +187,7 @@ void LoadQueries(const MlaProblem& p, const MlaTask& task, const TaskShape& t,
     s.m[r] = -std::numeric_limits<float>::infinity();
     s.l[r] = 0.0f;
   }
-  std::memset(s.acc, 0, sizeof(float) * static_cast<size_t>(p.dim_ckv * t.rows_pad));
+  std::memset(s.acc, 0, sizeof(float) * static_cast<size_t>(p.dim_ckv * t.rows));
 }
 
 // The tile's cache rows, page by page (one division per tile, not per key).
@@ -209,6 +209,23 @@ void TileRows(const MlaProblem& p, const MlaTask& task, int64_t t0, int64_t n,
     i += count;
     slot = 0;
     ++column;
+  }
+}
+
+// Prefetches keys [t0, t0 + n) of the task into L2 while the tile before
+// them computes: the logits are their first reader, one row per key.
+void PrefetchTile(const MlaProblem& p, const MlaTask& task, int64_t t0, int64_t n) {
+  const int64_t elem = static_cast<int64_t>(SizeOf(p.kv_dtype));
+  const int32_t* pages = p.page_indices + p.page_begin[task.seq];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t page = pages[(t0 + i) / p.page_size];
+    const int64_t slot = (t0 + i) % p.page_size;
+    PrefetchRow(static_cast<const uint8_t*>(p.ckv.data) +
+                    (page * p.ckv.page_stride + slot * p.ckv.slot_stride) * elem,
+                p.dim_ckv * elem);
+    PrefetchRow(static_cast<const uint8_t*>(p.kpe.data) +
+                    (page * p.kpe.page_stride + slot * p.kpe.slot_stride) * elem,
+                p.dim_kpe * elem);
   }
 }
 
@@ -265,15 +282,16 @@ bool SoftmaxTile(const MlaScratch& s, int64_t rows_pad, int64_t t0, int64_t n, f
   return rescale;
 }
 
-// acc[d][r] *= alpha[r].
-void RescaleAcc(const MlaScratch& s, int64_t rows_pad, int64_t dim_ckv) {
+// acc[r] *= alpha[r] (rows whose alpha is not 1).
+void RescaleAcc(const MlaScratch& s, int64_t rows, int64_t dim_ckv) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  for (int64_t b = 0; b < rows_pad; b += lanes) {
-    const VF alpha = hn::LoadU(df, s.alpha + b);
-    for (int64_t d = 0; d < dim_ckv; ++d) {
-      float* a = s.acc + d * rows_pad + b;
-      hn::StoreU(hn::Mul(hn::LoadU(df, a), alpha), df, a);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (s.alpha[r] == 1.0f) continue;
+    const VF alpha = hn::Set(df, s.alpha[r]);
+    float* acc = s.acc + r * dim_ckv;
+    for (int64_t d = 0; d < dim_ckv; d += lanes) {
+      hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), alpha), df, acc + d);
     }
   }
 }
@@ -288,15 +306,16 @@ void FinishTask(const MlaProblem& p, const MlaTask& task, const TaskShape& t,
       float* part = partials + task.partial_offset;
       part[r] = s.m[r];
       part[t.rows + r] = s.l[r];
-      float* acc = part + 2 * t.rows + r * p.dim_ckv;
-      for (int64_t d = 0; d < p.dim_ckv; ++d) acc[d] = s.acc[d * t.rows_pad + r];
+      std::memcpy(part + 2 * t.rows + r * p.dim_ckv, s.acc + r * p.dim_ckv,
+                  sizeof(float) * static_cast<size_t>(p.dim_ckv));
       continue;
     }
     const int64_t token = t.q_start + task.q_begin + r / p.num_heads;
     const int64_t head = r % p.num_heads;
     const FinishedRow f = FinishRow(s.m[r], s.l[r], nullptr, out_unit);
     if (p.lse != nullptr) p.lse[token * p.lse_stride + head] = f.lse;
-    for (int64_t d = 0; d < p.dim_ckv; ++d) row[d] = s.acc[d * t.rows_pad + r] * f.out_scale;
+    const float* acc = s.acc + r * p.dim_ckv;
+    for (int64_t d = 0; d < p.dim_ckv; ++d) row[d] = acc[d] * f.out_scale;
     StoreRow(p.q_dtype,
              static_cast<uint8_t*>(p.out) +
                  (token * p.out_token_stride + head * p.out_head_stride) * elem,
@@ -308,17 +327,18 @@ void RunTask(const MlaProblem& p, const MlaTask& task, const MlaKernel& kernel,
              const MlaScratch& s, float* partials) {
   const TaskShape t = ShapeOf(p, task);
   LoadQueries(p, task, t, s);
-  const MlaKernelArgs args{&s, t.rows_pad, p.dim_ckv, p.dim_kpe};
+  const MlaKernelArgs args{&s, t.rows, t.rows_pad, p.dim_ckv, p.dim_kpe};
   kernel.prepare_q(args);
   const float unit = MlaValueUnit(p, kernel);
   for (int64_t t0 = task.kv_begin; t0 < task.kv_end; t0 += kMlaTileKeys) {
     const int64_t n = std::min<int64_t>(kMlaTileKeys, task.kv_end - t0);
     TileRows(p, task, t0, n, s);
+    PrefetchTile(p, task, t0 + n, std::min<int64_t>(kMlaTileKeys, task.kv_end - t0 - n));
     const MlaTile tile = kernel.prepare_tile(args, MlaTile{p.kv_dtype, n, s.ckv_rows, s.kpe_rows});
     kernel.logits(args, tile);
     const bool masked_keys = p.causal && t0 + n - 1 > t.first_pos;
     if (SoftmaxTile(s, t.rows_pad, t0, n, p.sm_scale * unit, masked_keys)) {
-      RescaleAcc(s, t.rows_pad, p.dim_ckv);
+      RescaleAcc(s, t.rows, p.dim_ckv);
     }
     kernel.pv(args, tile);
   }

@@ -2,17 +2,16 @@
 // function sizes it in the plan and carves it in the run), the tile of keys
 // a kernel's products see, the kernel record and the one dispatch decision.
 //
-// A task's R rows (query tokens x heads, at most kMlaMaxRows) are laid out
-// across vector lanes, rows padded to R16 = RoundUp(R, 16): every row-wise
-// quantity (logits of one key, m, l, the accumulator of one dimension) is a
-// contiguous [R16] row, so the online softmax is elementwise across keys
-// and the products broadcast one cache element against 16 rows at a time:
-//   st  [n][R16]         S^T = K Q^T          (MlaKernel::logits)
-//   online softmax over st's keys, in place    (the task loop)
-//   acc [dim_ckv][R16]   acc^T += V^T P^T      (MlaKernel::pv)
-// Each cache row is read as it lies in its page (no gather), and the keys of
-// a tile are the reduction of the PV product.
-//
+// A task's R rows (query tokens x heads, at most kMlaMaxRows) sit across
+// vector lanes for the logits and the softmax, rows padded to R16 =
+// RoundUp(R, 16): the logits of one key for all rows are a contiguous [R16]
+// row, so the online softmax is elementwise across keys, and the logits
+// broadcast one cache element (read in place from its page) against 16 rows
+// of q. The accumulators are rows of dims, so PV broadcasts a row's weights
+// against 16 dims of V:
+//   st  [n][R16]          S^T = K Q^T          (MlaKernel::logits)
+//   online softmax over st's keys, in place     (the task loop)
+//   acc [R][dim_ckv]      acc += P V            (MlaKernel::pv)
 // Dispatch (ChooseMlaKernel):
 //   q bf16, K/V bf16 or fp8 e4m3fn, vdpbf16ps at the FMA's issue rate
 //   (CpuFeatures::fast_bf16_dot: AMD Zen 4)      mla_avx512_bf16_pairs
@@ -41,9 +40,11 @@ struct MlaScratchShape {
 // Row strides are the task's rows_pad (MlaKernelArgs), at most the plan's.
 struct MlaScratch {
   float* qt = nullptr;         // [dim_ckv + dim_kpe][rows_pad] q transposed, f32.
-  uint16_t* q_pairs = nullptr; // [(dim_ckv + dim_kpe) / 2][rows_pad][2] bf16 (pair kernels).
+  // q in bf16 for the pair kernel: [(dim_ckv + dim_kpe) / 2][rows_pad][2]
+  // pairs across rows, or (up to 32 rows) whole rows [rows_pad][dim_ckv + dim_kpe].
+  uint16_t* q_pairs = nullptr;
   float* st = nullptr;         // [kMlaTileKeys][rows_pad] logits, then weights.
-  float* acc = nullptr;        // [dim_ckv][rows_pad] accumulators.
+  float* acc = nullptr;        // [rows_pad][dim_ckv] accumulators.
   float* m = nullptr;          // [rows_pad] running maximum.
   float* l = nullptr;          // [rows_pad] running sum.
   float* alpha = nullptr;      // [rows_pad] this tile's rescale of acc.
@@ -71,7 +72,8 @@ struct MlaTile {
 // What every product of one task reads.
 struct MlaKernelArgs {
   const MlaScratch* scratch = nullptr;
-  int64_t rows_pad = 0;  // RoundUp(the task's rows, 16): every [..][rows_pad] stride.
+  int64_t rows = 0;      // The task's rows.
+  int64_t rows_pad = 0;  // RoundUp(rows, 16): every [..][rows_pad] stride.
   int64_t dim_ckv = 0;
   int64_t dim_kpe = 0;
 };
@@ -89,7 +91,7 @@ struct MlaKernel {
   MlaTile (*prepare_tile)(const MlaKernelArgs& args, const MlaTile& cache_rows);
   // st[i][r] = q_r . (ckv_i, kpe_i) for i < n, r < rows_pad.
   void (*logits)(const MlaKernelArgs& args, const MlaTile& tile);
-  // acc[d][r] += sum_{i < n} st[i][r] * ckv_i[d] for d < dim_ckv, r < rows_pad.
+  // acc[r][d] += sum_{i < n} st[i][r] * ckv_i[d] for r < rows, d < dim_ckv.
   void (*pv)(const MlaKernelArgs& args, const MlaTile& tile);
 };
 

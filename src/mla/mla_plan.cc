@@ -89,9 +89,11 @@ void BuildMlaTasks(const MlaProblem& p, MlaTasks& t) {
   for (size_t i = 0; i < t.whole.size(); ++i) AddTask(p, t.whole[i], t.whole_costs[i], share, t);
   t.order.resize(t.tasks.size());
   std::iota(t.order.begin(), t.order.end(), 0);
-  // Stable: equal costs keep their order, so the plan is the same every time.
-  std::stable_sort(t.order.begin(), t.order.end(),
-                   [&](int32_t a, int32_t b) { return t.costs[a] > t.costs[b]; });
+  // Equal costs keep their order, so the plan is the same every time (by
+  // index rather than std::stable_sort, whose buffer a warm plan would allocate).
+  std::sort(t.order.begin(), t.order.end(), [&](int32_t a, int32_t b) {
+    return t.costs[a] != t.costs[b] ? t.costs[a] > t.costs[b] : a < b;
+  });
   t.num_workers = static_cast<int>(
       std::clamp<int64_t>(static_cast<int64_t>(t.tasks.size()), 1, threads));
 }

@@ -91,9 +91,11 @@ struct MlaMerge {
   int32_t num_tasks = 0;
 };
 
-// Keys per KV tile: the tile's logits [64][rows] and packed latents
-// [64][head_dim_ckv] stay in L2 next to the task's accumulators.
-inline constexpr int64_t kMlaTileKeys = 64;
+// Keys per KV tile: the tile's logits [128][rows] and packed latents
+// [128][head_dim_ckv] stay in L2 next to the task's accumulators; 128 keys
+// ran 4-8% faster than 64 on Zen 4 (PV's loop over key pairs twice as long
+// per block of accumulators loaded and stored).
+inline constexpr int64_t kMlaTileKeys = 128;
 // Most rows (query tokens x heads) of one task: the accumulators
 // [head_dim_ckv][128] f32 are 256 KiB at 512 dims.
 inline constexpr int64_t kMlaMaxRows = 128;

@@ -76,6 +76,7 @@ void CopyIndptr(const TensorView& view, std::string_view name, std::string_view 
   RPA_CHECK(into[0] == 0, ErrorKind::kMetadata, StrCat(name, "[0]=", into[0], " must be 0."),
             StrCat(name, "[i] is where sequence i's ", what, " start; it starts at 0."));
   for (size_t i = 0; i + 1 < into.size(); ++i) {
+    if (into[i + 1] >= into[i]) continue;  // The fix is built only for the message.
     CheckNonDecreasing(name, static_cast<int64_t>(i), into[i], into[i + 1],
                        StrCat(name, " is the running sum of the sequences' ", what,
                               ": it never decreases."));
