@@ -553,6 +553,10 @@ def ragged_paged_attention_with_kv_write(
     return_lse: bool = False,
     num_threads: int | None = None,
     out=None,
+    causal: bool | None = None,
+    alibi_slopes=None,
+    custom_mask=None,
+    packed_custom_mask=None,
 ):
   """Writes the step's new keys and values into the cache, then attends.
 
@@ -586,7 +590,9 @@ def ragged_paged_attention_with_kv_write(
     num_seqs: int32[1].
     sm_scale, sliding_window, soft_cap, mask_value, num_kv_pages_per_block,
     num_queries_per_block, vmem_limit_bytes, kv_layout, sinks, return_lse,
-    num_threads, out: as for `ragged_paged_attention`.
+    num_threads, out, causal, alibi_slopes, custom_mask, packed_custom_mask:
+      as for `ragged_paged_attention` (the new tokens must fit in kv_len
+      whatever causal is: they are stored at its last q_len positions).
     k_scale, v_scale: the cache's scales: stored K is new_k / k_scale and is
       read back multiplied by k_scale (likewise V).
     {kv_dtype}
@@ -611,7 +617,8 @@ def ragged_paged_attention_with_kv_write(
       sliding_window=sliding_window, soft_cap=soft_cap, mask_value=mask_value,
       k_scale=k_scale, v_scale=v_scale, num_kv_pages_per_block=num_kv_pages_per_block,
       num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
-      num_threads=num_threads, kv_dtype=kv_dtype)
+      num_threads=num_threads, kv_dtype=kv_dtype, causal=causal,
+      alibi_slopes=_optional_array(alibi_slopes), **_masks(custom_mask, packed_custom_mask))
   return (result, lse) if return_lse else result
 
 

@@ -36,6 +36,9 @@ class CascadeAttention:
     num_levels: the page tables each plan takes (>= 1).
     kv_layout: "NHD", "HND" or "combined", as for rpa.BatchAttention.
     num_threads: worker threads; None uses RPA_NUM_THREADS, else every core.
+
+  Returns:
+    A wrapper without a plan: `plan` before `run`.
   """
 
   def __init__(self, num_levels: int, kv_layout: str = "NHD", num_threads: int | None = None):

@@ -385,3 +385,21 @@ def test_cascade_messages(rng):
   with pytest.raises(rpa.Error, match=r"^level 0: kv_indices\[0\]=1000000 must be in range") as e:
     w.plan(tables[0], tables[1], bad, tables[3], **shape)
   assert e.value.kind == "page_index"
+
+
+def test_fused_write_takes_the_new_options(rng):
+  b = make_batch(rng, [(2, 6), (1, 4)], **HEADS)
+  new = rng.standard_normal((b.q.shape[0], 2, 16)).astype(np.float32)
+  slopes = _slopes(HEADS["num_q_heads"])
+  cache = b.kv_pages.copy()
+  got = rpa.ragged_paged_attention_with_kv_write(b.q, new, new, cache, *b.args[2:],
+                                                 sm_scale=SCALE, alibi_slopes=slopes)
+  want = rpa.ragged_paged_attention(b.q, cache, *b.args[2:], sm_scale=SCALE, alibi_slopes=slopes)
+  assert np.array_equal(got, want)
+  short = make_batch(rng, [(4, 3)], **HEADS)
+  rows = rng.standard_normal((short.q.shape[0], 2, 16)).astype(np.float32)
+  cache = short.kv_pages.copy()
+  with pytest.raises(rpa.Error, match=r"^q_len=4 must be less or equal to kv_len=3 at sequence 0"):
+    rpa.ragged_paged_attention_with_kv_write(short.q, rows, rows, cache, *short.args[2:],
+                                             causal=False)
+  np.testing.assert_array_equal(cache, short.kv_pages)
