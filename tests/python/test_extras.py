@@ -677,9 +677,7 @@ def test_fused_write_signature():
   names = [p.name for p in params]
   assert names[:8] == ["q", "new_k", "new_v", "kv_pages", "kv_lens", "page_indices",
                        "cu_q_lens", "num_seqs"]
-  # Every option of ragged_paged_attention, keyword-only, with its default,
-  # but causal: the fused write appends each sequence's new tokens to its
-  # keys, so its queries are always the last kv_len positions (causal).
+  # Every option of ragged_paged_attention, keyword-only, with its default.
   ragged = list(inspect.signature(rpa.ragged_paged_attention).parameters.values())[6:]
   assert [(p.name, p.kind, p.default) for p in params[8:]] == [
-      (p.name, p.kind, p.default) for p in ragged if p.name != "causal"]
+      (p.name, p.kind, p.default) for p in ragged]
