@@ -87,12 +87,18 @@ TEST_F(BlockSizeChoiceTest, VmemLimitShrinksTheChoice) {
   EXPECT_NE(tight.explanation.find("vmem_limit_bytes=16384"), std::string::npos) << tight.explanation;
 }
 
-std::string TableJson(const std::string& cpu, int64_t pages, int64_t queries) {
+std::string TableJson(const std::string& cpu, int64_t pages, int64_t queries,
+                      const BlockSizeConfig& config = Llama(16, 256)) {
   internal::TunedTable table;
   table.sections.resize(1);  // Known by its model name only.
   table.sections[0].cpu.model_name = cpu;
-  table.sections[0].entries.push_back({Llama(16, 256), {pages, queries}});
+  table.sections[0].entries.push_back({config, {pages, queries}});
   return internal::SerializeTunedTable(table);
+}
+
+// A head configuration no shipped section holds: only a user table answers.
+BlockSizeConfig Unshipped() {
+  return BlockSizeConfig{DType::kBF16, DType::kBF16, 12, 3, 80, 16, 512, 16 * 256};
 }
 
 TEST_F(BlockSizeChoiceTest, UserTableEntryIsUsedAndExplained) {
@@ -116,8 +122,11 @@ TEST_F(BlockSizeChoiceTest, NearestEntryKeepsTheKvTileInTokens) {
 }
 
 TEST_F(BlockSizeChoiceTest, TableOfAnotherCpuIsUsedAndSaysSo) {
-  ASSERT_TRUE(LoadTunedBlockSizes(WriteFile("other.json", TableJson("Some Other CPU 9000", 3, 16))));
-  const BlockSizeChoice choice = ChooseBlockSizes(Llama(16, 256));
+  // Another CPU's exact entry answers where no section of this CPU has the
+  // shape (this CPU's nearest entry would win: docs/block_sizes.md).
+  ASSERT_TRUE(LoadTunedBlockSizes(
+      WriteFile("other.json", TableJson("Some Other CPU 9000", 3, 16, Unshipped()))));
+  const BlockSizeChoice choice = ChooseBlockSizes(Unshipped());
   EXPECT_EQ(choice.source, BlockSizeSource::kTable);
   EXPECT_NE(choice.explanation.find("not this CPU"), std::string::npos) << choice.explanation;
 }

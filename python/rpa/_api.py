@@ -851,6 +851,9 @@ def set_cpu_binding(cpus) -> None:
   Args:
     cpus: CPU numbers (ints), each in this process's affinity mask, once.
 
+  Returns:
+    None; the binding holds for the process until the next call.
+
   Raises:
     rpa.Error (kind "option"): a CPU outside the affinity mask, or listed
       twice; the binding is then unchanged.
@@ -859,7 +862,13 @@ def set_cpu_binding(cpus) -> None:
 
 
 def default_num_threads() -> int:
-  """The thread count a call without num_threads uses: RPA_NUM_THREADS, else
-  the smallest of the affinity mask's CPUs, the cgroup CPU quota and the
-  CPUs bound (set_cpu_binding / RPA_CPU_BIND)."""
+  """The thread count a call without num_threads uses.
+
+  Args:
+    None.
+
+  Returns:
+    RPA_NUM_THREADS, else the smallest of the affinity mask's CPUs, the
+    cgroup CPU quota and the CPUs bound (set_cpu_binding / RPA_CPU_BIND).
+  """
   return _rpa.default_num_threads()
