@@ -2,6 +2,7 @@
 # (scripts/setup.sh), configure and build; plain `make` only builds.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+ARM_BUILD ?= build-arm
 TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 JOBS ?= $(shell nproc)
@@ -28,7 +29,7 @@ PKG_BUILD ?= $(BUILD)/package
 PREFIX ?=
 
 .PHONY: all setup build install demo test test-cpp test-python test-package test-asan test-tsan \
-	test-fuzz fuzz fuzz-build check-arm clean
+	test-fuzz fuzz fuzz-build check-arm test-arm clean
 
 all: build
 
@@ -115,6 +116,13 @@ test-tsan:
 check-arm: build
 	./scripts/check_arm.sh $(BUILD)
 
+# The C++ tests cross-built for aarch64 (cmake/aarch64-linux-gnu.cmake) and
+# the kernel and validation suites run under qemu-user on Highway's NEON
+# target (scripts/test_arm.sh; installs the cross compiler, qemu-user-static
+# and the arm64 -dev packages if missing).
+test-arm:
+	./scripts/test_arm.sh $(ARM_BUILD) $(JOBS)
+
 # libFuzzer targets with ASan+UBSan (clang): each runs FUZZ_SECONDS from its
 # seed corpus (fuzz/corpus/<fuzzer>) and stops make on any finding.
 fuzz-build:
@@ -143,4 +151,4 @@ test-fuzz:
 	  FUZZ_FLAGS="-seed=1 -runs=$(TEST_FUZZ_RUNS)"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(ARM_BUILD)

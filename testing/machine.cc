@@ -36,24 +36,13 @@ double Best(const std::vector<double>& v) {
   return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
 }
 
-bool HasAvx2Fma() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-bool HasAvx512() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("avx512f");
-#else
-  return false;
-#endif
-}
-
 volatile uint64_t g_sink = 0;
 
+// The compute probes are x86-64 code; elsewhere only the bandwidth is measured.
 #if defined(__x86_64__)
+bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
+
 __attribute__((target("avx2"))) uint64_t ReadSliceAvx2(const uint8_t* p, size_t bytes) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   for (size_t i = 0; i + 128 <= bytes; i += 128) {
@@ -167,7 +156,6 @@ __attribute__((target("avx512f"))) double FmaF16(int64_t iters) {
   g_sink = g_sink + static_cast<uint64_t>(_mm512_reduce_add_epi32(s));
   return static_cast<double>(iters) * kAcc * 32 * 2;
 }
-#endif
 
 // GFLOP/s of `kernel` run on `threads` threads at once; best of reps. Each
 // worker times its own loop (the pool's wake-up is not the probe's).
@@ -188,7 +176,6 @@ double PeakGflops(double (*kernel)(int64_t), int threads, int reps, int64_t iter
   return Best(results);
 }
 
-#if defined(__x86_64__)
 // The AMX bf16 peak (tdpbf16ps on full tiles, amx.h's probe) on `threads`
 // threads at once, best of reps; each probe releases its tiles.
 double AmxPeakGflops(int threads, int reps, double seconds) {
@@ -205,6 +192,22 @@ double AmxPeakGflops(int threads, int reps, double seconds) {
     results.push_back(total);
   }
   return Best(results);
+}
+
+// Index i (0: one thread, 1: all) of every compute peak this CPU has.
+void MeasureComputePeaks(MachineLimits& limits, int i, int threads, int reps, bool quick) {
+  // ~20 ms (quick) / ~60 ms per probe repetition at ~100 GFLOP/s.
+  const int64_t iters = quick ? 1000000 : 3000000;
+  if (HasAvx2Fma()) limits.fma_f32_gflops[i] = PeakGflops(FmaAvx2, threads, reps, iters);
+  if (HasAvx512()) {
+    limits.fma_f32_gflops[i] =
+        std::max(limits.fma_f32_gflops[i], PeakGflops(FmaAvx512, threads, reps, iters));
+  }
+  if (limits.avx512_bf16) limits.bf16_dot_gflops[i] = PeakGflops(DotBf16, threads, reps, iters);
+  if (limits.avx512_fp16) limits.fma_f16_gflops[i] = PeakGflops(FmaF16, threads, reps, iters);
+  if (internal::DetectedCpuFeatures().amx_bf16) {
+    limits.amx_bf16_gflops[i] = AmxPeakGflops(threads, reps, quick ? 0.02 : 0.06);
+  }
 }
 #endif
 
@@ -269,25 +272,10 @@ MachineLimits MeasureMachine(int threads, bool quick) {
   std::memset(buffer.data, 1, buffer.size);
   const int reps = quick ? 3 : 7;
   const int counts[2] = {1, limits.threads};
-  // ~20 ms (quick) / ~60 ms per probe repetition at ~100 GFLOP/s.
-  const int64_t iters = quick ? 1000000 : 3000000;
   for (int i = 0; i < 2; ++i) {
     limits.read_gbs[i] = ReadBandwidth(buffer, counts[i], reps);
 #if defined(__x86_64__)
-    if (HasAvx2Fma()) limits.fma_f32_gflops[i] = PeakGflops(FmaAvx2, counts[i], reps, iters);
-    if (HasAvx512()) {
-      limits.fma_f32_gflops[i] =
-          std::max(limits.fma_f32_gflops[i], PeakGflops(FmaAvx512, counts[i], reps, iters));
-    }
-    if (limits.avx512_bf16) {
-      limits.bf16_dot_gflops[i] = PeakGflops(DotBf16, counts[i], reps, iters);
-    }
-    if (limits.avx512_fp16) {
-      limits.fma_f16_gflops[i] = PeakGflops(FmaF16, counts[i], reps, iters);
-    }
-    if (internal::DetectedCpuFeatures().amx_bf16) {
-      limits.amx_bf16_gflops[i] = AmxPeakGflops(counts[i], reps, quick ? 0.02 : 0.06);
-    }
+    MeasureComputePeaks(limits, i, counts[i], reps, quick);
 #endif
   }
   limits.seconds = Seconds(start, Clock::now());
