@@ -88,9 +88,10 @@ bool Meets(const KernelRecord& record, const AttentionProblem& problem, TaskClas
            const CpuFeatures& cpu) {
   const KernelNeeds& n = record.needs;
   auto has = [](uint32_t bits, DType d) { return ((bits >> static_cast<int>(d)) & 1u) != 0; };
+  const bool plain_exp = problem.soft_cap == 0.0f && problem.alibi_slopes == nullptr;
   return has(n.q_dtypes, problem.q_dtype) && has(n.kv_dtypes, problem.kv_dtype) &&
-         ((n.classes >> static_cast<int>(c)) & 1u) != 0 &&
-         (n.soft_cap_or_alibi || (problem.soft_cap == 0.0f && problem.alibi_slopes == nullptr)) && (n.cpu == nullptr || n.cpu(cpu));
+         ((n.classes >> static_cast<int>(c)) & 1u) != 0 && (n.soft_cap_or_alibi || plain_exp) &&
+         (n.cpu == nullptr || n.cpu(cpu));
 }
 
 }  // namespace rpa::internal
