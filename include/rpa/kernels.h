@@ -6,6 +6,7 @@
 #include <string>
 
 #include "rpa/dtype.h"
+#include "rpa/export.h"
 
 namespace rpa {
 
@@ -13,7 +14,7 @@ namespace rpa {
 // dispatch uses and AMX's status (usable, or which step failed), then one
 // line per class of task (decode, middle, prefill) with its kernels. What
 // `rpa --version` and `python -m rpa` print.
-std::string DescribeKernels(DType kv_dtype);
+RPA_EXPORT std::string DescribeKernels(DType kv_dtype);
 
 }  // namespace rpa
 
