@@ -7,7 +7,7 @@
 set -euo pipefail
 
 build="${1:-build}"
-flags="$build/CMakeFiles/rpa.dir/flags.make"
+flags="$build/CMakeFiles/rpa_objects.dir/flags.make"
 [ -f "$flags" ] || { echo "check-arm: configure $build first (make build)" >&2; exit 1; }
 
 if ! command -v aarch64-linux-gnu-g++ > /dev/null; then

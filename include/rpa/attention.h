@@ -8,6 +8,7 @@
 
 #include <string_view>
 
+#include "rpa/export.h"
 #include "rpa/options.h"
 #include "rpa/page_table.h"
 #include "rpa/tensor.h"
@@ -37,13 +38,14 @@ struct KVPages {
 //                combined head 2h is K of kv head h, 2h + 1 its V
 //   page_table   JAX's kv_lens, page_indices, cu_q_lens and num_seqs (page_table.h)
 //   out          like q
-void RaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
-                          const PageTable& page_table, const AttentionOptions& options,
-                          const MutableTensorView& out);
+RPA_EXPORT void RaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
+                                     const PageTable& page_table, const AttentionOptions& options,
+                                     const MutableTensorView& out);
 
 // The same over separate K and V caches.
-void RaggedPagedAttention(const TensorView& q, const KVPages& kv, const PageTable& page_table,
-                          const AttentionOptions& options, const MutableTensorView& out);
+RPA_EXPORT void RaggedPagedAttention(const TensorView& q, const KVPages& kv,
+                                     const PageTable& page_table, const AttentionOptions& options,
+                                     const MutableTensorView& out);
 
 // JAX's decode-only paged_attention: one query token per sequence.
 //   q             [batch, num_q_heads, head_dim] (pre-scaled: no sm_scale)
@@ -52,9 +54,10 @@ void RaggedPagedAttention(const TensorView& q, const KVPages& kv, const PageTabl
 //   lengths       i32[batch]
 //   page_indices  i32[batch, pages_per_sequence]
 //   out           like q
-void PagedAttention(const TensorView& q, const TensorView& k_pages, const TensorView& v_pages,
-                    const TensorView& lengths, const TensorView& page_indices,
-                    const PagedAttentionOptions& options, const MutableTensorView& out);
+RPA_EXPORT void PagedAttention(const TensorView& q, const TensorView& k_pages,
+                               const TensorView& v_pages, const TensorView& lengths,
+                               const TensorView& page_indices, const PagedAttentionOptions& options,
+                               const MutableTensorView& out);
 
 }  // namespace rpa
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "rpa/dtype.h"
+#include "rpa/export.h"
 
 namespace rpa {
 
@@ -34,7 +35,7 @@ struct BlockSizes {
 };
 
 enum class BlockSizeSource { kTable, kNearest, kHeuristic };
-const char* ToString(BlockSizeSource source);
+RPA_EXPORT const char* ToString(BlockSizeSource source);
 
 struct BlockSizeChoice {
   BlockSizes sizes;
@@ -47,24 +48,24 @@ struct BlockSizeChoice {
 // What the library uses when the caller passes no block sizes. vmem_limit_bytes
 // caps one worker's scratch. Never throws; the result is in [1, pages_per_seq]
 // (pages, at least 1 even when pages_per_seq is 0) and >= 1 (queries).
-BlockSizeChoice ChooseBlockSizes(const BlockSizeConfig& config,
-                                 std::optional<int64_t> vmem_limit_bytes = std::nullopt);
+RPA_EXPORT BlockSizeChoice ChooseBlockSizes(const BlockSizeConfig& config,
+                                            std::optional<int64_t> vmem_limit_bytes = std::nullopt);
 
 // JAX's get_tuned_block_sizes: (num_kv_pages_per_block, num_queries_per_block).
-BlockSizes GetTunedBlockSizes(DType q_dtype, DType kv_dtype, int64_t num_q_heads,
-                              int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
-                              int64_t max_num_batched_tokens, int64_t pages_per_seq);
+RPA_EXPORT BlockSizes GetTunedBlockSizes(DType q_dtype, DType kv_dtype, int64_t num_q_heads,
+                                         int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
+                                         int64_t max_num_batched_tokens, int64_t pages_per_seq);
 
 // Loads a user table (rpa tune's JSON), whose sections then come before the
 // shipped table's of the same CPU match (docs/block_sizes.md);
 // RPA_TUNED_BLOCK_SIZES names one loaded on first use. A file
 // that cannot be read or parsed is ignored with a warning on stderr naming
 // it; returns whether it was loaded. An empty path unloads the user table.
-bool LoadTunedBlockSizes(const std::string& path);
+RPA_EXPORT bool LoadTunedBlockSizes(const std::string& path);
 
 // This CPU's model name (ThisCpuInfo().model_name in rpa/kernels.h): all
 // that a version-1 table recorded of its CPU.
-std::string CpuModelName();
+RPA_EXPORT std::string CpuModelName();
 
 }  // namespace rpa
 

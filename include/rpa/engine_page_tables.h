@@ -4,6 +4,7 @@
 #ifndef RPA_ENGINE_PAGE_TABLES_H_
 #define RPA_ENGINE_PAGE_TABLES_H_
 
+#include "rpa/export.h"
 #include "rpa/page_table.h"
 #include "rpa/tensor.h"
 
@@ -33,8 +34,8 @@ struct CsrPageTable {
 //   seq_lens         i32[num_reqs]
 //   block_table      i32[>= num_reqs, max_num_blocks_per_req]
 //   num_seqs         i32[1]: the live requests (<= num_reqs)
-PageTable VllmPageTable(const TensorView& query_start_loc, const TensorView& seq_lens,
-                        const TensorView& block_table, const TensorView& num_seqs);
+RPA_EXPORT PageTable VllmPageTable(const TensorView& query_start_loc, const TensorView& seq_lens,
+                                   const TensorView& block_table, const TensorView& num_seqs);
 
 }  // namespace rpa
 

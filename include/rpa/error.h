@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "rpa/export.h"
+
 namespace rpa {
 
 enum class ErrorKind {
@@ -33,7 +35,7 @@ constexpr std::string_view ToString(ErrorKind kind) {
   return "unknown";
 }
 
-class Error : public std::invalid_argument {
+class RPA_EXPORT Error : public std::invalid_argument {
  public:
   Error(ErrorKind kind, const std::string& message)
       : std::invalid_argument(message), kind_(kind) {}

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "rpa/dtype.h"
+#include "rpa/export.h"
 
 namespace rpa {
 
@@ -13,7 +14,7 @@ namespace rpa {
 // dispatch uses and AMX's status (usable, or which step failed), then one
 // line per class of task (decode, middle, prefill) with its kernels. What
 // `rpa --version` and `python -m rpa` print.
-std::string DescribeKernels(DType kv_dtype);
+RPA_EXPORT std::string DescribeKernels(DType kv_dtype);
 
 // Which CPU this is, as CPUID names it: what a benchmark's JSON and the
 // tuned block-size table record of the machine they ran on.
@@ -25,7 +26,7 @@ struct CpuInfo {
   std::string features;    // The detected features dispatch reads ("avx512bw avx512bf16 ...").
 };
 // Detected once per process.
-const CpuInfo& ThisCpuInfo();
+RPA_EXPORT const CpuInfo& ThisCpuInfo();
 
 }  // namespace rpa
 

@@ -4,6 +4,7 @@
 #define RPA_KV_CACHE_H_
 
 #include "rpa/attention.h"
+#include "rpa/export.h"
 #include "rpa/options.h"
 #include "rpa/tensor.h"
 
@@ -18,10 +19,12 @@ namespace rpa {
 // untouched. Slots this step does not write stay bit-identical.
 //   new_k, new_v  [max_num_batched_tokens, num_kv_heads, head_dim], any KV dtype
 // The other arguments are RaggedPagedAttention's.
-void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
-                                     const TensorView& new_v, const MutableTensorView& kv_pages,
-                                     const PageTable& page_table, const AttentionOptions& options,
-                                     const MutableTensorView& out);
+RPA_EXPORT void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
+                                                const TensorView& new_v,
+                                                const MutableTensorView& kv_pages,
+                                                const PageTable& page_table,
+                                                const AttentionOptions& options,
+                                                const MutableTensorView& out);
 
 // Separate K and V caches the write stores into.
 struct MutableKVPages {
@@ -30,10 +33,12 @@ struct MutableKVPages {
   KVLayout layout = KVLayout::kNHD;
 };
 
-void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
-                                     const TensorView& new_v, const MutableKVPages& kv,
-                                     const PageTable& page_table, const AttentionOptions& options,
-                                     const MutableTensorView& out);
+RPA_EXPORT void RaggedPagedAttentionWithKVWrite(const TensorView& q, const TensorView& new_k,
+                                                const TensorView& new_v,
+                                                const MutableKVPages& kv,
+                                                const PageTable& page_table,
+                                                const AttentionOptions& options,
+                                                const MutableTensorView& out);
 
 }  // namespace rpa
 

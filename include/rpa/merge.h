@@ -3,6 +3,7 @@
 #ifndef RPA_MERGE_H_
 #define RPA_MERGE_H_
 
+#include "rpa/export.h"
 #include "rpa/tensor.h"
 
 namespace rpa {
@@ -19,9 +20,10 @@ enum class LseBase { kE, k2 };
 //   out_a, out_b, out  [num_tokens, num_heads, head_dim]  one of f32/bf16/f16
 //   lse_a, lse_b, lse  f32[num_tokens, num_heads]
 // `out` and `lse` may alias `out_a` and `lse_a` (in-place merge).
-void MergeStates(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
-                 const TensorView& lse_b, const MutableTensorView& out,
-                 const MutableTensorView& lse, LseBase base = LseBase::kE);
+RPA_EXPORT void MergeStates(const TensorView& out_a, const TensorView& lse_a,
+                            const TensorView& out_b, const TensorView& lse_b,
+                            const MutableTensorView& out,
+                            const MutableTensorView& lse, LseBase base = LseBase::kE);
 
 }  // namespace rpa
 

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 
+#include "rpa/export.h"
 #include "rpa/dtype.h"
 #include "rpa/tensor.h"
 
@@ -78,7 +79,7 @@ struct MlaRunExtras {
 // Several threads may Run one plan at once; Plan must not run concurrently
 // with Run on the same object. Once warm (a second run of the same shape),
 // Plan reuses its storage and Run allocates nothing.
-class MlaPlan {
+class RPA_EXPORT MlaPlan {
  public:
   MlaPlan();
   ~MlaPlan();

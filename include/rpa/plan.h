@@ -17,8 +17,9 @@
 
 #include "rpa/attention.h"
 #include "rpa/block_sizes.h"
-#include "rpa/engine_page_tables.h"
 #include "rpa/dtype.h"
+#include "rpa/engine_page_tables.h"
+#include "rpa/export.h"
 #include "rpa/options.h"
 #include "rpa/page_table.h"
 #include "rpa/tensor.h"
@@ -55,8 +56,8 @@ struct AttentionShape {
 // depends on as the one-call functions do (ranks, no negative extent, a
 // combined cache's even head count, separate caches of one shape and dtype);
 // the plan checks the rest of the shape, each run its views.
-AttentionShape ShapeOf(const TensorView& q, const TensorView& kv_pages);
-AttentionShape ShapeOf(const TensorView& q, const KVPages& kv);
+RPA_EXPORT AttentionShape ShapeOf(const TensorView& q, const TensorView& kv_pages);
+RPA_EXPORT AttentionShape ShapeOf(const TensorView& q, const KVPages& kv);
 
 // What each run takes beyond q, the cache and out: per layer, not per step.
 struct RunExtras {
@@ -70,11 +71,11 @@ struct RunExtras {
 // sees; -1: no window) as rpa's sliding_window (the keys a row sees, its
 // own included): window_left + 1, or none for -1. Throws rpa::Error for
 // window_left < -1.
-std::optional<int64_t> SlidingWindowFromWindowLeft(int64_t window_left);
+RPA_EXPORT std::optional<int64_t> SlidingWindowFromWindowLeft(int64_t window_left);
 
 // Several threads may Run one plan at once (each uses its own scratch);
 // Plan must not run concurrently with Run on the same object.
-class AttentionPlan {
+class RPA_EXPORT AttentionPlan {
  public:
   AttentionPlan();
   ~AttentionPlan();

@@ -5,17 +5,21 @@
 #define RPA_REFERENCE_H_
 
 #include "rpa/attention.h"
+#include "rpa/export.h"
 #include "rpa/options.h"
 #include "rpa/tensor.h"
 
 namespace rpa {
 
-void RefRaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
-                             const PageTable& page_table, const AttentionOptions& options,
-                             const MutableTensorView& out);
+RPA_EXPORT void RefRaggedPagedAttention(const TensorView& q, const TensorView& kv_pages,
+                                        const PageTable& page_table,
+                                        const AttentionOptions& options,
+                                        const MutableTensorView& out);
 
-void RefRaggedPagedAttention(const TensorView& q, const KVPages& kv, const PageTable& page_table,
-                             const AttentionOptions& options, const MutableTensorView& out);
+RPA_EXPORT void RefRaggedPagedAttention(const TensorView& q, const KVPages& kv,
+                                        const PageTable& page_table,
+                                        const AttentionOptions& options,
+                                        const MutableTensorView& out);
 
 }  // namespace rpa
 

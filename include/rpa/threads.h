@@ -12,6 +12,8 @@
 
 #include <vector>
 
+#include "rpa/export.h"
+
 namespace rpa {
 
 // Pins the pool's workers, process-wide: worker w >= 1 runs on cpus[w]
@@ -23,10 +25,10 @@ namespace rpa {
 // call that uses more than one thread.
 // Throws rpa::Error (ErrorKind::kOption) for a CPU outside the process's
 // affinity mask or listed twice; the binding is then unchanged.
-void SetCpuBinding(const std::vector<int>& cpus);
+RPA_EXPORT void SetCpuBinding(const std::vector<int>& cpus);
 
 // The thread count a call without num_threads uses (see above).
-int DefaultNumThreads();
+RPA_EXPORT int DefaultNumThreads();
 
 }  // namespace rpa
 

@@ -5,6 +5,7 @@
 #define RPA_VALIDATE_H_
 
 #include "rpa/attention.h"
+#include "rpa/export.h"
 #include "rpa/options.h"
 #include "rpa/tensor.h"
 
@@ -12,17 +13,17 @@ namespace rpa {
 
 // Shapes, dtypes, layouts and options: nothing that reads the metadata's
 // values. Throws rpa::Error.
-void StaticValidateInputs(const TensorView& q, const TensorView& kv_pages,
-                          const PageTable& page_table, const AttentionOptions& options);
-void StaticValidateInputs(const TensorView& q, const KVPages& kv, const PageTable& page_table,
-                          const AttentionOptions& options);
+RPA_EXPORT void StaticValidateInputs(const TensorView& q, const TensorView& kv_pages,
+                                     const PageTable& page_table, const AttentionOptions& options);
+RPA_EXPORT void StaticValidateInputs(const TensorView& q, const KVPages& kv,
+                                     const PageTable& page_table, const AttentionOptions& options);
 
 // The static checks, then the metadata's values: num_seqs, kv_lens,
 // cu_q_lens, and every page index that will be read. O(num_seqs + pages read).
-void DynamicValidateInputs(const TensorView& q, const TensorView& kv_pages,
-                           const PageTable& page_table, const AttentionOptions& options);
-void DynamicValidateInputs(const TensorView& q, const KVPages& kv, const PageTable& page_table,
-                           const AttentionOptions& options);
+RPA_EXPORT void DynamicValidateInputs(const TensorView& q, const TensorView& kv_pages,
+                                      const PageTable& page_table, const AttentionOptions& options);
+RPA_EXPORT void DynamicValidateInputs(const TensorView& q, const KVPages& kv,
+                                      const PageTable& page_table, const AttentionOptions& options);
 
 }  // namespace rpa
 
