@@ -18,7 +18,7 @@ FUZZ_WORK_CORPUS ?= $(FUZZ_BUILD)/corpus
 # Open-ended search is `make fuzz`.
 TEST_FUZZ_RUNS ?= 20000
 TEST_FUZZ_SECONDS ?= 120
-FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer
+FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer mla_fuzzer
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
 TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:Concurrency*
 # `make test-package`: the pip package and the CMake package as a user gets

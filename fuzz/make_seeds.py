@@ -56,6 +56,7 @@ def main():
     reg = os.path.join(ROOT, "regressions")
     for name in sorted(os.listdir(reg)) if os.path.isdir(reg) else []:
         target = ("kv_write_fuzzer" if name.startswith("kv_write") else
+                  "mla_fuzzer" if name.startswith("mla") else
                   "paged_attention_fuzzer" if name.startswith("paged") else
                   "ragged_attention_fuzzer")
         shutil.copy(os.path.join(reg, name),

@@ -54,8 +54,10 @@ TensorView MlaBatch::KpeCache() const {
   const int64_t ps = spec.page_size, dim = spec.head_dim_kpe;
   if (!spec.combined_cache) return TensorView(kpe.data(), spec.kv_dtype, {num_pages, ps, dim});
   const int64_t row = spec.head_dim_ckv + spec.head_dim_kpe;
-  return TensorView(combined.data() + spec.head_dim_ckv * Elem(spec.kv_dtype), spec.kv_dtype,
-                    {num_pages, ps, dim}, {ps * row, row, 1});
+  // An empty cache has no data to offset into.
+  const uint8_t* kpe_data =
+      combined.empty() ? nullptr : combined.data() + spec.head_dim_ckv * Elem(spec.kv_dtype);
+  return TensorView(kpe_data, spec.kv_dtype, {num_pages, ps, dim}, {ps * row, row, 1});
 }
 
 std::vector<uint8_t> MlaBatch::NewOutput() const {
