@@ -16,25 +16,14 @@ outputs are compared once.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
 import rpa
+from step_timing import timed
 
 REQUESTS, PREFIX, OWN, Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 2048, 128, 32, 8, 128, 16
-
-
-def timed(fn, steps):
-  fn()
-  samples = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    fn()
-    samples.append(time.perf_counter() - t)
-  return statistics.median(samples) * 1e3, min(samples) * 1e3
 
 
 def main():

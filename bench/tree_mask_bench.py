@@ -18,13 +18,12 @@ against the reference once.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
 import rpa
+from step_timing import timed
 
 SEQS, TREE, KEYS, Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 16, 16, 1024, 32, 8, 128, 16
 
@@ -44,16 +43,6 @@ def tree_mask(rng):
         node = parent[node]
     blocks.append(block.reshape(-1))
   return np.concatenate(blocks)
-
-
-def timed(fn, steps):
-  fn()  # Warm.
-  samples = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    fn()
-    samples.append(time.perf_counter() - t)
-  return statistics.median(samples) * 1e3, min(samples) * 1e3
 
 
 def main():

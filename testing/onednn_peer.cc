@@ -116,6 +116,34 @@ struct Shape {
   dnnl::memory q, k, s, p, v, o;
 };
 
+// The memory descriptors and buffers of one shape's two matmuls:
+// Q x K^T -> S and P x V -> O.
+struct MatmulOperands {
+  dnnl::memory::desc q, kt, s, p, v, o;
+  void *q_data, *k_data, *s_data, *p_data, *v_data, *o_data;
+};
+
+// Builds the shape's two matmuls and binds their operands; returns the
+// implementations oneDNN chose ("qk impl / pv impl").
+std::string BuildMatmuls(const dnnl::engine& engine, const MatmulOperands& m, Shape* shape) {
+#if DNNL_VERSION_MAJOR >= 3
+  const dnnl::matmul::primitive_desc qk_pd(engine, m.q, m.kt, m.s);
+  const dnnl::matmul::primitive_desc pv_pd(engine, m.p, m.v, m.o);
+#else
+  const dnnl::matmul::primitive_desc qk_pd(dnnl::matmul::desc(m.q, m.kt, m.s), engine);
+  const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(m.p, m.v, m.o), engine);
+#endif
+  shape->qk = dnnl::matmul(qk_pd);
+  shape->pv = dnnl::matmul(pv_pd);
+  shape->q = dnnl::memory(m.q, engine, m.q_data);
+  shape->k = dnnl::memory(m.kt, engine, m.k_data);
+  shape->s = dnnl::memory(m.s, engine, m.s_data);
+  shape->p = dnnl::memory(m.p, engine, m.p_data);
+  shape->v = dnnl::memory(m.v, engine, m.v_data);
+  shape->o = dnnl::memory(m.o, engine, m.o_data);
+  return std::string(qk_pd.impl_info_str()) + " / " + pv_pd.impl_info_str();
+}
+
 }  // namespace
 
 OnednnPeerInfo GetOnednnPeerInfo() {
@@ -203,24 +231,13 @@ struct OnednnPeer::Impl {
       const dnnl::memory::desc p_md({M, N}, dt::bf16, tag::ab);
       const dnnl::memory::desc v_md({N, D}, dt::bf16, tag::ab);
       const dnnl::memory::desc o_md({M, D}, dt::f32, tag::ab);
-#if DNNL_VERSION_MAJOR >= 3
-      const dnnl::matmul::primitive_desc qk_pd(engine, q_md, kt_md, s_md);
-      const dnnl::matmul::primitive_desc pv_pd(engine, p_md, v_md, o_md);
-#else
-      const dnnl::matmul::primitive_desc qk_pd(dnnl::matmul::desc(q_md, kt_md, s_md), engine);
-      const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(p_md, v_md, o_md), engine);
-#endif
-      shape.qk = dnnl::matmul(qk_pd);
-      shape.pv = dnnl::matmul(pv_pd);
-      shape.q = dnnl::memory(q_md, engine, q->data);
-      shape.k = dnnl::memory(kt_md, engine, k->data);
-      shape.s = dnnl::memory(s_md, engine, s->data);
-      shape.p = dnnl::memory(p_md, engine, p->data);
-      shape.v = dnnl::memory(v_md, engine, v->data);
-      shape.o = dnnl::memory(o_md, engine, o->data);
+      const std::string chosen = BuildMatmuls(
+          engine, {q_md, kt_md, s_md, p_md, v_md, o_md, q->data, k->data, s->data, p->data,
+                   v->data, o->data},
+          &shape);
       if (M * N > largest_seen) {
         largest_seen = M * N;
-        impl = std::string(qk_pd.impl_info_str()) + " / " + pv_pd.impl_info_str();
+        impl = chosen;
       }
     }
   }
@@ -373,22 +390,11 @@ struct OnednnMlaPeer::Impl {
       // V: the first C columns of K's rows of D.
       const dnnl::memory::desc v_md({N, C}, dt::bf16, dnnl::memory::dims{D, 1});
       const dnnl::memory::desc o_md({M, C}, dt::f32, tag::ab);
-#if DNNL_VERSION_MAJOR >= 3
-      const dnnl::matmul::primitive_desc qk_pd(engine, q_md, kt_md, s_md);
-      const dnnl::matmul::primitive_desc pv_pd(engine, p_md, v_md, o_md);
-#else
-      const dnnl::matmul::primitive_desc qk_pd(dnnl::matmul::desc(q_md, kt_md, s_md), engine);
-      const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(p_md, v_md, o_md), engine);
-#endif
-      shape.qk = dnnl::matmul(qk_pd);
-      shape.pv = dnnl::matmul(pv_pd);
-      shape.q = dnnl::memory(q_md, engine, q->data);
-      shape.k = dnnl::memory(kt_md, engine, k->data);
-      shape.s = dnnl::memory(s_md, engine, s->data);
-      shape.p = dnnl::memory(p_md, engine, p->data);
-      shape.v = dnnl::memory(v_md, engine, k->data);
-      shape.o = dnnl::memory(o_md, engine, o->data);
-      impl = std::string(qk_pd.impl_info_str()) + " / " + pv_pd.impl_info_str();
+      // V reads K's buffer: the latent's first C columns.
+      impl = BuildMatmuls(engine,
+                          {q_md, kt_md, s_md, p_md, v_md, o_md, q->data, k->data, s->data,
+                           p->data, k->data, o->data},
+                          &shape);
     }
   }
 

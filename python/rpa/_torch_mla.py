@@ -105,8 +105,9 @@ def _scale_of(scale, codes):
   return value
 
 
-def _slots(slot_mapping, num_slots, page_size):
-  """(rows to write, their slots), every slot checked."""
+def checked_slots(slot_mapping, num_slots, page_size):
+  """(rows to write, their slots) of vLLM's slot_mapping, every slot checked
+  (in range or -1, none twice); also reshape_and_cache's check (torch.py)."""
   slots = slot_mapping.long()
   bad = torch.nonzero((slots < -1) | (slots >= num_slots))
   if bad.numel():
@@ -133,7 +134,7 @@ def _write(kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping, kv_cache_dtype, scale
   codes = _codes_of(kv_cache_dtype, ckv_cache.dtype, names[0])
   value = _scale_of(scale, codes)
   num_pages, page_size = ckv_cache.shape[0], ckv_cache.shape[1]
-  rows, slots = _slots(slot_mapping, num_pages * page_size, page_size)
+  rows, slots = checked_slots(slot_mapping, num_pages * page_size, page_size)
 
   def stored(x, cache):
     x = x[rows]

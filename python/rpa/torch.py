@@ -238,25 +238,7 @@ def reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, kv_cache_dtype
   _check_scale(k_scale, "k_scale")
   _check_scale(v_scale, "v_scale")
 
-  slots = slot_mapping.long()
-  num_slots = num_pages * page_size
-  bad = torch.nonzero((slots < -1) | (slots >= num_slots))
-  if bad.numel():
-    r = int(bad[0, 0])
-    _fail("page_index", f"slot_mapping[{r}]={int(slots[r])} must be -1 or in range [0, "
-          f"{num_slots}) (num_pages * page_size = {num_pages} * {page_size}). A slot is "
-          "page * page_size + offset; -1 skips the token.")
-  rows = torch.nonzero(slots >= 0).flatten()
-  slots = slots[rows]
-  if slots.numel() > 1:
-    ordered, order = torch.sort(slots, stable=True)
-    repeat = torch.nonzero(ordered[1:] == ordered[:-1]).flatten()
-    if repeat.numel():
-      i = int(repeat[0])
-      first, second = sorted((int(rows[order[i]]), int(rows[order[i + 1]])))
-      _fail("metadata", f"slot_mapping[{second}]={int(slots[order[i]])} is also "
-            f"slot_mapping[{first}]: each slot is written once per call. Give every token its "
-            "own slot.")
+  rows, slots = _torch_mla.checked_slots(slot_mapping, num_pages * page_size, page_size)
 
   def stored(x, scale):
     x = x[rows]
