@@ -50,9 +50,13 @@ demo: setup
 	$(MAKE) build
 	./$(BUILD)/rpa demo
 
+# Each step prints how long it took, so a slow one shows in CI's log.
+TEST_STEPS := build test-cpp test-python test-package test-asan test-tsan test-fuzz
 test: setup
-	$(MAKE) build
-	$(MAKE) test-cpp test-python test-package test-asan test-tsan test-fuzz
+	@for step in $(TEST_STEPS); do \
+	  start=$$(date +%s); $(MAKE) --no-print-directory $$step || exit 1; \
+	  echo "make test: $$step took $$(( $$(date +%s) - start )) s"; \
+	done
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
