@@ -7,10 +7,10 @@
 #include <string>
 #include <string_view>
 
-#include "cpu_binding.h"
 #include "format.h"
-#include "thread_pool.h"
-#include "validate_internal.h"
+#include "threads/cpu_binding.h"
+#include "threads/thread_pool.h"
+#include "validate/validate_internal.h"
 
 namespace rpa::internal {
 namespace {

@@ -8,9 +8,9 @@
 #include <initializer_list>
 #include <string>
 
-#include "cpu_binding.h"
 #include "format.h"
-#include "validate_internal.h"
+#include "threads/cpu_binding.h"
+#include "validate/validate_internal.h"
 
 namespace rpa::internal {
 

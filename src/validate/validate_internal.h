@@ -1,20 +1,20 @@
 // Validation that produces the AttentionProblem: the static checks (shapes,
 // dtypes, layouts, options) and the dynamic ones (metadata values), shared by
 // every entry point so each message exists exactly once.
-#ifndef RPA_SRC_VALIDATE_INTERNAL_H_
-#define RPA_SRC_VALIDATE_INTERNAL_H_
+#ifndef RPA_SRC_VALIDATE_VALIDATE_INTERNAL_H_
+#define RPA_SRC_VALIDATE_VALIDATE_INTERNAL_H_
 
 #include <cstdint>
 #include <string_view>
 #include <vector>
 
-#include "metadata_copy.h"
 #include "problem.h"
 #include "rpa/attention.h"
 #include "rpa/engine_page_tables.h"
 #include "rpa/options.h"
 #include "rpa/plan.h"
 #include "rpa/tensor.h"
+#include "validate/metadata_copy.h"
 
 namespace rpa::internal {
 
@@ -174,4 +174,4 @@ inline constexpr MetadataNames kPagedAttentionNames{"lengths", "pages_per_sequen
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_VALIDATE_INTERNAL_H_
+#endif  // RPA_SRC_VALIDATE_VALIDATE_INTERNAL_H_

@@ -4,8 +4,8 @@
 // Why not OpenMP: ThreadSanitizer cannot see inside libgomp and reports false
 // races there; the robustness work runs TSan on the kernel. Why persistent:
 // a decode step is tens of microseconds, thread creation is about as long.
-#ifndef RPA_SRC_THREAD_POOL_H_
-#define RPA_SRC_THREAD_POOL_H_
+#ifndef RPA_SRC_THREADS_THREAD_POOL_H_
+#define RPA_SRC_THREADS_THREAD_POOL_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "cpu_binding.h"
+#include "threads/cpu_binding.h"
 
 namespace rpa::internal {
 
@@ -85,4 +85,4 @@ int ResolveNumThreads(int requested);
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_THREAD_POOL_H_
+#endif  // RPA_SRC_THREADS_THREAD_POOL_H_

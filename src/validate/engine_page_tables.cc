@@ -7,7 +7,7 @@
 #include <string>
 
 #include "format.h"
-#include "validate_internal.h"
+#include "validate/validate_internal.h"
 
 namespace rpa {
 namespace internal {

@@ -1,13 +1,13 @@
-#include "thread_pool.h"
+#include "threads/thread_pool.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
-#include "cpu_budget.h"
 #include "kernel/amx.h"
 #include "rpa/threads.h"
-#include "thread_affinity.h"
+#include "threads/cpu_budget.h"
+#include "threads/thread_affinity.h"
 
 namespace rpa::internal {
 namespace {
