@@ -37,8 +37,10 @@ class ThreadPool {
   // Runs func for every task on num_workers threads (the caller is worker 0)
   // and returns when all are done. Tasks are handed out in index order from
   // one atomic counter: which worker runs a task varies, so results must not
-  // depend on the worker (they use its scratch only as a temporary). Calls
-  // from several threads at once are serialized.
+  // depend on the worker (they use its scratch only as a temporary). Every
+  // thread that takes part runs the worker-idle hooks (worker_idle_hooks.h)
+  // when its share is done, before it sleeps or this returns. Calls from
+  // several threads at once are serialized.
   template <class Func>
   void ParallelFor(int64_t num_tasks, int num_workers, const Func& func) {
     Run(num_tasks, num_workers, &func, [](const void* context, int64_t task, int worker) {
