@@ -20,7 +20,7 @@ TEST_FUZZ_RUNS ?= 20000
 TEST_FUZZ_SECONDS ?= 120
 FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer mla_fuzzer
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
-TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:Concurrency*
+TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:WorkerIdleHooks*:Concurrency*
 # `make test-package`: the pip package and the CMake package as a user gets
 # them, in a throwaway tree. The pip build's own CMake tree (build/pip) is
 # kept between runs, so only the first run compiles the library again.

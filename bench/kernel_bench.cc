@@ -14,10 +14,10 @@
 #include "kernel/avx512_bf16_rows.h"
 #include "kernel/avx512_wide.h"
 #include "kernel/cpu_features.h"
-#include "thread_pool.h"
 #include "rpa/rpa.h"
 #include "testing/machine.h"
 #include "testing/synthetic_batch.h"
+#include "threads/thread_pool.h"
 
 namespace rpa {
 namespace {

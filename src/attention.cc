@@ -4,9 +4,9 @@
 
 #include <vector>
 
-#include "compute.h"
-#include "plan_state.h"
-#include "validate_internal.h"
+#include "plan/plan_state.h"
+#include "run/compute.h"
+#include "validate/validate_internal.h"
 
 namespace rpa {
 namespace {

@@ -1,9 +1,9 @@
 #include "rpa/kv_cache.h"
 
-#include "compute.h"
-#include "plan_state.h"
 #include "format.h"
-#include "validate_internal.h"
+#include "plan/plan_state.h"
+#include "run/compute.h"
+#include "validate/validate_internal.h"
 
 namespace rpa {
 namespace {

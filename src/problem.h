@@ -61,7 +61,7 @@ struct AttentionProblem {
   // each live sequence in [0, num_pages).
   // Sequence i's pages start at page_indices + page_begin[i] when page_begin
   // is set (a plan's compact copy: every form of page table becomes it,
-  // src/metadata_copy.h), else at row i of JAX's padded matrix.
+  // src/validate/metadata_copy.h), else at row i of JAX's padded matrix.
   const int32_t* kv_lens = nullptr;       // [max_num_seqs]
   const int32_t* page_indices = nullptr;  // [max_num_seqs, pages_per_seq] or compact
   int64_t page_indices_row_stride = 0;

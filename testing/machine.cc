@@ -15,7 +15,7 @@
 
 #include "kernel/amx.h"
 #include "kernel/cpu_features.h"
-#include "thread_pool.h"
+#include "threads/thread_pool.h"
 
 #if defined(__x86_64__)
 // GCC 12's _mm*_undefined_* trip -Wuninitialized where they inline.

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "kernel/cpu_features.h"
 #include "kernel/tile_kernel.h"
 #include "rpa/dtype.h"
+#include "threads/thread_pool.h"
 
 namespace rpa::internal {
 namespace {
@@ -565,6 +567,52 @@ INSTANTIATE_TEST_SUITE_P(Backends, AmxThreadsTest,
                            return std::string(param_info.param == AmxBackend::kHardware ? "Hardware"
                                                                                   : "Emulated");
                          });
+
+// ---- A pool thread that ran tiles gives them back before it sleeps (the
+// kernel layer's worker-idle hook): in the next ParallelFor, XINUSE's tile
+// data bit (XGETBV with ECX = 1, bit 18) is clear on every thread.
+
+bool XinuseReadable() {
+  uint32_t eax, ebx, ecx, edx;
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(0xD), "c"(1));
+  return (eax >> 2) & 1;
+}
+
+bool TileDataInUse() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(1));
+  return (eax >> 18) & 1;
+}
+
+TEST(AmxPool, WorkersReleaseTilesBeforeTheySleep) {
+  std::string why;
+  if (!CanRun(AmxBackend::kHardware, &why)) GTEST_SKIP() << why;
+  if (!XinuseReadable()) GTEST_SKIP() << "XGETBV with ECX = 1 (XINUSE) is not supported";
+  const ProductCase c{16, 32, 64, DType::kBF16, AmxBackend::kHardware};
+  const CacheRows k = MakeRows(c.dtype, c.n, c.head_dim, 51);
+  const QRows q = MakeQ(c.rows, c.head_dim, 52);
+  constexpr int kWorkers = 4;
+  ThreadPool pool;
+  // One task per thread: each waits until all have started.
+  auto on_every_thread = [&](auto&& body) {
+    std::atomic<int> started{0};
+    pool.ParallelFor(kWorkers, kWorkers, [&](int64_t, int worker) {
+      started.fetch_add(1);
+      while (started.load() < kWorkers) std::this_thread::yield();
+      body(worker);
+    });
+  };
+  int in_use_after_product[kWorkers] = {}, in_use_next_call[kWorkers] = {};
+  on_every_thread([&](int worker) {
+    RunLogits(c, q, k);
+    in_use_after_product[worker] = TileDataInUse();
+  });
+  on_every_thread([&](int worker) { in_use_next_call[worker] = TileDataInUse(); });
+  for (int w = 0; w < kWorkers; ++w) {
+    if (!in_use_after_product[w]) GTEST_SKIP() << "XINUSE does not show the tiles in use";
+    EXPECT_EQ(in_use_next_call[w], 0) << "worker " << w;
+  }
+}
 
 // The emulated tiles agree with the hardware's bit for bit where both run
 // (same sums in the same order would be ideal; the hardware may add a

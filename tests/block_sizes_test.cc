@@ -11,10 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "block_sizes_internal.h"
-#include "rpa/rpa.h"
+#include "plan/block_sizes_internal.h"
 #include "rpa/block_sizes.h"
 #include "rpa/kernels.h"
+#include "rpa/rpa.h"
 
 namespace rpa {
 namespace {

@@ -1,6 +1,6 @@
 // Pinning the pool's workers (RPA_CPU_BIND, rpa::SetCpuBinding): CPU lists,
 // their errors, and the CPU each worker of a pool really runs on.
-#include "cpu_binding.h"
+#include "threads/cpu_binding.h"
 
 #include <gtest/gtest.h>
 
@@ -9,11 +9,11 @@
 #include <thread>
 #include <vector>
 
-#include "cpu_list.h"
 #include "rpa/error.h"
 #include "rpa/threads.h"
-#include "thread_affinity.h"
-#include "thread_pool.h"
+#include "threads/cpu_list.h"
+#include "threads/thread_affinity.h"
+#include "threads/thread_pool.h"
 
 namespace rpa::internal {
 namespace {

@@ -1,7 +1,7 @@
 // The default thread count's inputs: cgroup quota files (v2 cpu.max, v1
 // cfs quota and period) found through fixture copies of /proc/self/cgroup
 // and /proc/self/mountinfo, and how they combine with the affinity mask.
-#include "cpu_budget.h"
+#include "threads/cpu_budget.h"
 
 #include <gtest/gtest.h>
 
@@ -13,9 +13,9 @@
 
 #include <unistd.h>
 
-#include "cpu_binding.h"
-#include "thread_affinity.h"
-#include "thread_pool.h"
+#include "threads/cpu_binding.h"
+#include "threads/thread_affinity.h"
+#include "threads/thread_pool.h"
 
 namespace rpa::internal {
 namespace {

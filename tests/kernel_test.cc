@@ -17,7 +17,6 @@
 #include <tuple>
 #include <vector>
 
-#include "compute.h"
 #include "hwy/targets.h"
 #include "kernel/avx512_bf16_rows.h"
 #include "kernel/avx512_fp16_decode.h"
@@ -25,14 +24,15 @@
 #include "kernel/cpu_features.h"
 #include "kernel/kernel.h"
 #include "kernel/kernel_records.h"
-#include "plan.h"
-#include "reference_impl.h"
+#include "plan/plan.h"
+#include "reference/reference_impl.h"
 #include "rpa/dtype.h"
 #include "rpa/rpa.h"
+#include "run/compute.h"
 #include "testing/synthetic_batch.h"
 #include "testing/tolerance.h"
-#include "thread_pool.h"
-#include "validate_internal.h"
+#include "threads/thread_pool.h"
+#include "validate/validate_internal.h"
 
 namespace rpa::internal {
 namespace {

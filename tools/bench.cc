@@ -31,15 +31,15 @@
 
 #include "bench_mla.h"
 #include "commands.h"
-#include "compute.h"
 #include "kernel/cpu_features.h"
 #include "rpa/rpa.h"
+#include "run/compute.h"
 #include "testing/machine.h"
 #include "testing/onednn_peer.h"
 #include "testing/synthetic_batch.h"
 #include "testing/workloads.h"
-#include "thread_pool.h"
-#include "validate_internal.h"
+#include "threads/thread_pool.h"
+#include "validate/validate_internal.h"
 
 namespace rpa::tools {
 namespace {

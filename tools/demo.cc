@@ -20,9 +20,6 @@
 #include <vector>
 
 #include "commands.h"
-#include "cpu_binding.h"
-#include "cpu_budget.h"
-#include "cpu_list.h"
 #include "demo/sampled_check.h"
 #include "demo/serving_loop.h"
 #include "demo/step_plot.h"
@@ -31,6 +28,9 @@
 #include "testing/synthetic_batch.h"
 #include "testing/tolerance.h"
 #include "testing/workloads.h"
+#include "threads/cpu_binding.h"
+#include "threads/cpu_budget.h"
+#include "threads/cpu_list.h"
 
 namespace rpa::tools {
 namespace {

@@ -19,12 +19,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "block_sizes_internal.h"
 #include "commands.h"
 #include "kernel/dispatch.h"
-#include "rpa/rpa.h"
+#include "plan/block_sizes_internal.h"
 #include "rpa/block_sizes.h"
 #include "rpa/kernels.h"
+#include "rpa/rpa.h"
 #include "testing/synthetic_batch.h"
 #include "testing/workloads.h"
 

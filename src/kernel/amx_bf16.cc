@@ -16,6 +16,7 @@
 
 #include "kernel/avx512_common.h"
 #include "kernel/cpu_features.h"
+#include "threads/worker_idle_hooks.h"
 
 #if defined(__x86_64__)
 // GCC 12's _mm512_undefined_* are written `__m512 __Y = __Y;`, which
@@ -777,6 +778,17 @@ const uint16_t* WeightsToBf16InPlace(const TileLogits& p, int64_t n) {
 void AmxReleaseTiles() {
   if (HwTiles::config_id != 0) HwTiles::Release();  // Only a thread that loaded tiles.
 }
+
+namespace {
+
+// A pool thread gives its tiles back when its share of a ParallelFor is done
+// (threads/worker_idle_hooks.h), so idle threads carry no tile state and the
+// next call reloads the configuration.
+struct ReleaseTilesWhenIdle {
+  ReleaseTilesWhenIdle() { AddWorkerIdleHook(&AmxReleaseTiles); }
+} release_tiles_when_idle;
+
+}  // namespace
 
 double AmxBf16PeakGflops(double seconds) {
   if (!AmxSupport().usable) return 0.0;

@@ -9,7 +9,7 @@
 
 #include "kernel/softmax_finish.h"
 #include "mla/mla_plan.h"
-#include "thread_pool.h"
+#include "threads/thread_pool.h"
 
 namespace rpa::internal {
 namespace {

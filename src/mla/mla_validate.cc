@@ -7,10 +7,10 @@
 #include <string>
 #include <string_view>
 
-#include "cpu_binding.h"
 #include "format.h"
-#include "thread_pool.h"
-#include "validate_internal.h"
+#include "threads/cpu_binding.h"
+#include "threads/thread_pool.h"
+#include "validate/validate_internal.h"
 
 namespace rpa::internal {
 namespace {
@@ -50,20 +50,8 @@ void CheckViews(const MlaPageTable& t) {
   CheckMetadataView(t.kv_indptr, "kv_indptr", "[batch_size + 1]");
   CheckMetadataView(t.kv_indices, "kv_indices", "[num_used_pages]");
   CheckMetadataView(t.kv_len_arr, "kv_len_arr", "[batch_size]");
+  CheckCsrExtents(t.qo_indptr, t.kv_indptr, t.kv_len_arr, "kv_len_arr");
   const int64_t entries = t.qo_indptr.shape[0];
-  RPA_CHECK(entries >= 1, ErrorKind::kShape,
-            StrCat("qo_indptr.shape=", t.qo_indptr.ShapeString(),
-                   " must have at least one entry."),
-            "qo_indptr has batch_size + 1 entries from qo_indptr[0] = 0; an empty batch is "
-            "qo_indptr = [0].");
-  RPA_CHECK(t.kv_indptr.shape[0] == entries, ErrorKind::kShape,
-            StrCat("kv_indptr.shape=", t.kv_indptr.ShapeString(),
-                   " must be the same as qo_indptr.shape=", t.qo_indptr.ShapeString(), "."),
-            "Give kv_indptr one entry per sequence plus one, like qo_indptr.");
-  RPA_CHECK(t.kv_len_arr.shape[0] == entries - 1, ErrorKind::kShape,
-            StrCat("kv_len_arr.shape=", t.kv_len_arr.ShapeString(), " must be (",
-                   NameEq("batch_size", entries - 1), ",)."),
-            "Give kv_len_arr one entry per sequence: qo_indptr.shape[0] - 1.");
   RPA_CHECK(entries - 1 <= INT32_MAX, ErrorKind::kShape,
             StrCat(NameEq("batch_size", entries - 1), " must fit in int32."), "Split the batch.");
 }
@@ -136,15 +124,8 @@ MlaPages CheckCacheView(const TensorView& t, std::string_view name, const MlaPro
 }
 
 void BindLse(const MutableTensorView& lse, MlaProblem& p) {
-  RPA_CHECK(lse.rank == 2 && lse.shape[0] == p.num_tokens && lse.shape[1] == p.num_heads,
-            ErrorKind::kShape,
-            StrCat("lse.shape=", lse.ShapeString(), " must be (", NameEq("num_tokens", p.num_tokens),
-                   ", ", NameEq("num_heads", p.num_heads), ")."),
-            "Allocate lse with one float32 per query token and head: q_nope.shape[:2].");
-  RPA_CHECK(lse.dtype == DType::kF32, ErrorKind::kDtype,
-            StrCat("lse.dtype=", PyRepr(lse.dtype), " must be float32."),
-            "Allocate lse as float32.");
-  CheckInnermostContiguous(lse, "lse");
+  CheckLse(lse, {{"num_tokens", p.num_tokens}, {"num_heads", p.num_heads},
+                 "Allocate lse with one float32 per query token and head: q_nope.shape[:2]."});
   p.lse = static_cast<float*>(lse.data);
   p.lse_stride = lse.strides[0];
 }

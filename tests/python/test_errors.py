@@ -1,7 +1,7 @@
 """Every docs/contract.md §3 message reaches Python verbatim as a ValueError (rpa.Error),
 from the call and from the validate functions, and nothing is written first.
 
-The expected texts are the library's (src/validate.cc): JAX's sentence, then
+The expected texts are the library's (src/validate/validate.cc): JAX's sentence, then
 the fix."""
 
 import numpy as np

@@ -3,8 +3,8 @@
 // read out of bounds. Every form of page table (JAX's padded matrix,
 // FlashInfer's CSR) becomes this compact one, holding only the pages the
 // live sequences read. The vectors only grow: re-planning reuses them.
-#ifndef RPA_SRC_METADATA_COPY_H_
-#define RPA_SRC_METADATA_COPY_H_
+#ifndef RPA_SRC_VALIDATE_METADATA_COPY_H_
+#define RPA_SRC_VALIDATE_METADATA_COPY_H_
 
 #include <cstdint>
 #include <vector>
@@ -38,4 +38,4 @@ struct MetadataCopy {
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_METADATA_COPY_H_
+#endif  // RPA_SRC_VALIDATE_METADATA_COPY_H_

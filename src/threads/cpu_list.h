@@ -1,8 +1,8 @@
 // CPU lists in Linux's cpuset notation ("0,2-3", as taskset -c, cpuset.cpus
 // and /proc/self/status's Cpus_allowed_list write them): how RPA_CPU_BIND
 // and rpa::SetCpuBinding name CPUs, and how messages print a mask.
-#ifndef RPA_SRC_CPU_LIST_H_
-#define RPA_SRC_CPU_LIST_H_
+#ifndef RPA_SRC_THREADS_CPU_LIST_H_
+#define RPA_SRC_THREADS_CPU_LIST_H_
 
 #include <string>
 #include <string_view>
@@ -28,4 +28,4 @@ std::string FormatCpuList(std::vector<int> cpus);
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_CPU_LIST_H_
+#endif  // RPA_SRC_THREADS_CPU_LIST_H_

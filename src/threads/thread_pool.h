@@ -4,8 +4,8 @@
 // Why not OpenMP: ThreadSanitizer cannot see inside libgomp and reports false
 // races there; the robustness work runs TSan on the kernel. Why persistent:
 // a decode step is tens of microseconds, thread creation is about as long.
-#ifndef RPA_SRC_THREAD_POOL_H_
-#define RPA_SRC_THREAD_POOL_H_
+#ifndef RPA_SRC_THREADS_THREAD_POOL_H_
+#define RPA_SRC_THREADS_THREAD_POOL_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "cpu_binding.h"
+#include "threads/cpu_binding.h"
 
 namespace rpa::internal {
 
@@ -37,8 +37,10 @@ class ThreadPool {
   // Runs func for every task on num_workers threads (the caller is worker 0)
   // and returns when all are done. Tasks are handed out in index order from
   // one atomic counter: which worker runs a task varies, so results must not
-  // depend on the worker (they use its scratch only as a temporary). Calls
-  // from several threads at once are serialized.
+  // depend on the worker (they use its scratch only as a temporary). Every
+  // thread that takes part runs the worker-idle hooks (worker_idle_hooks.h)
+  // when its share is done, before it sleeps or this returns. Calls from
+  // several threads at once are serialized.
   template <class Func>
   void ParallelFor(int64_t num_tasks, int num_workers, const Func& func) {
     Run(num_tasks, num_workers, &func, [](const void* context, int64_t task, int worker) {
@@ -85,4 +87,4 @@ int ResolveNumThreads(int requested);
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_THREAD_POOL_H_
+#endif  // RPA_SRC_THREADS_THREAD_POOL_H_

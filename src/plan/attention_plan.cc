@@ -7,10 +7,10 @@
 #include <memory>
 #include <utility>
 
-#include "compute.h"
 #include "format.h"
-#include "plan_state.h"
-#include "thread_pool.h"
+#include "plan/plan_state.h"
+#include "run/compute.h"
+#include "threads/thread_pool.h"
 
 namespace rpa {
 namespace internal {

@@ -4,8 +4,8 @@
 // does not start more threads than it gets CPU time for; an oversubscribed
 // pool loses more than it gains, since every ParallelFor waits for its
 // slowest worker, and a descheduled worker is slow for a whole time slice.
-#ifndef RPA_SRC_CPU_BUDGET_H_
-#define RPA_SRC_CPU_BUDGET_H_
+#ifndef RPA_SRC_THREADS_CPU_BUDGET_H_
+#define RPA_SRC_THREADS_CPU_BUDGET_H_
 
 #include <optional>
 #include <string>
@@ -54,4 +54,4 @@ const CpuBudget& ProcessCpuBudget();
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_CPU_BUDGET_H_
+#endif  // RPA_SRC_THREADS_CPU_BUDGET_H_

@@ -2,16 +2,16 @@
 // point runs through: plan (validate, copy the metadata, build the tasks),
 // then run (bind the tensors, compute). The one-call functions plan into the
 // calling thread's PlanState and run it at once.
-#ifndef RPA_SRC_PLAN_STATE_H_
-#define RPA_SRC_PLAN_STATE_H_
+#ifndef RPA_SRC_PLAN_PLAN_STATE_H_
+#define RPA_SRC_PLAN_PLAN_STATE_H_
 
-#include "metadata_copy.h"
-#include "plan.h"
+#include "plan/plan.h"
 #include "problem.h"
 #include "rpa/options.h"
 #include "rpa/plan.h"
 #include "rpa/tensor.h"
-#include "validate_internal.h"
+#include "validate/metadata_copy.h"
+#include "validate/validate_internal.h"
 
 namespace rpa::internal {
 
@@ -64,4 +64,4 @@ PlanState& ThreadPlanState();
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_PLAN_STATE_H_
+#endif  // RPA_SRC_PLAN_PLAN_STATE_H_

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "format.h"
-#include "validate_internal.h"
+#include "validate/validate_internal.h"
 
 namespace rpa {
 namespace {

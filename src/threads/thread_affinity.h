@@ -1,7 +1,7 @@
 // CPU affinity masks of the process and of single threads, as lists of CPU
 // numbers (any mask size: cpu_set_t's fixed 1024 CPUs are not assumed).
-#ifndef RPA_SRC_THREAD_AFFINITY_H_
-#define RPA_SRC_THREAD_AFFINITY_H_
+#ifndef RPA_SRC_THREADS_THREAD_AFFINITY_H_
+#define RPA_SRC_THREADS_THREAD_AFFINITY_H_
 
 #include <pthread.h>
 
@@ -23,4 +23,4 @@ bool SetThreadCpus(pthread_t thread, const std::vector<int>& cpus);
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_THREAD_AFFINITY_H_
+#endif  // RPA_SRC_THREADS_THREAD_AFFINITY_H_

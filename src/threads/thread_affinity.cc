@@ -1,4 +1,4 @@
-#include "thread_affinity.h"
+#include "threads/thread_affinity.h"
 
 #include <sched.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // The reference computation on a validated problem (see rpa/reference.h).
-#ifndef RPA_SRC_REFERENCE_IMPL_H_
-#define RPA_SRC_REFERENCE_IMPL_H_
+#ifndef RPA_SRC_REFERENCE_REFERENCE_IMPL_H_
+#define RPA_SRC_REFERENCE_REFERENCE_IMPL_H_
 
 #include "problem.h"
 
@@ -12,4 +12,4 @@ void ReferenceAttention(const AttentionProblem& problem);
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_REFERENCE_IMPL_H_
+#endif  // RPA_SRC_REFERENCE_REFERENCE_IMPL_H_

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "format.h"
-#include "validate_internal.h"
+#include "validate/validate_internal.h"
 
 namespace rpa {
 namespace internal {
@@ -28,20 +28,7 @@ void CheckCsrViews(const CsrPageTable& csr) {
   CheckRank(csr.kv_indptr, "kv_indptr", 1, "[batch_size + 1]");
   CheckRank(csr.kv_indices, "kv_indices", 1, "[num_used_pages]");
   CheckRank(csr.kv_last_page_len, "kv_last_page_len", 1, "[batch_size]");
-  const int64_t entries = csr.qo_indptr.shape[0];
-  RPA_CHECK(entries >= 1, ErrorKind::kShape,
-            StrCat("qo_indptr.shape=", csr.qo_indptr.ShapeString(),
-                   " must have at least one entry."),
-            "qo_indptr has batch_size + 1 entries, from qo_indptr[0] = 0; an empty batch is "
-            "qo_indptr = [0].");
-  RPA_CHECK(csr.kv_indptr.shape[0] == entries, ErrorKind::kShape,
-            StrCat("kv_indptr.shape=", csr.kv_indptr.ShapeString(),
-                   " must be the same as qo_indptr.shape=", csr.qo_indptr.ShapeString(), "."),
-            "Give kv_indptr one entry per sequence plus one, like qo_indptr.");
-  RPA_CHECK(csr.kv_last_page_len.shape[0] == entries - 1, ErrorKind::kShape,
-            StrCat("kv_last_page_len.shape=", csr.kv_last_page_len.ShapeString(), " must be (",
-                   NameEq("batch_size", entries - 1), ",)."),
-            "Give kv_last_page_len one entry per sequence: qo_indptr.shape[0] - 1.");
+  CheckCsrExtents(csr.qo_indptr, csr.kv_indptr, csr.kv_last_page_len, "kv_last_page_len");
   bool int32 = true;
   std::string got;
   for (int i = 0; i < 4; ++i) {
@@ -72,6 +59,23 @@ void CopyIndptr(const TensorView& view, std::string_view name, std::string_view 
 }
 
 }  // namespace
+
+void CheckCsrExtents(const TensorView& qo_indptr, const TensorView& kv_indptr,
+                     const TensorView& per_seq, std::string_view per_seq_name) {
+  const int64_t entries = qo_indptr.shape[0];
+  RPA_CHECK(entries >= 1, ErrorKind::kShape,
+            StrCat("qo_indptr.shape=", qo_indptr.ShapeString(), " must have at least one entry."),
+            "qo_indptr has batch_size + 1 entries, from qo_indptr[0] = 0; an empty batch is "
+            "qo_indptr = [0].");
+  RPA_CHECK(kv_indptr.shape[0] == entries, ErrorKind::kShape,
+            StrCat("kv_indptr.shape=", kv_indptr.ShapeString(),
+                   " must be the same as qo_indptr.shape=", qo_indptr.ShapeString(), "."),
+            "Give kv_indptr one entry per sequence plus one, like qo_indptr.");
+  RPA_CHECK(per_seq.shape[0] == entries - 1, ErrorKind::kShape,
+            StrCat(per_seq_name, ".shape=", per_seq.ShapeString(), " must be (",
+                   NameEq("batch_size", entries - 1), ",)."),
+            StrCat("Give ", per_seq_name, " one entry per sequence: qo_indptr.shape[0] - 1."));
+}
 
 RaggedInputs CsrShapeInputs(const AttentionShape& shape, const CsrPageTable& csr) {
   CheckCsrViews(csr);

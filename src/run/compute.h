@@ -1,12 +1,12 @@
 // The production computation behind every entry point: a plan's tasks run
 // on a validated problem. Writes every row of problem.out (zeros for
 // padding rows).
-#ifndef RPA_SRC_COMPUTE_H_
-#define RPA_SRC_COMPUTE_H_
+#ifndef RPA_SRC_RUN_COMPUTE_H_
+#define RPA_SRC_RUN_COMPUTE_H_
 
 #include <string>
 
-#include "plan.h"
+#include "plan/plan.h"
 #include "problem.h"
 
 namespace rpa::internal {
@@ -25,4 +25,4 @@ std::string DescribeKernels(const AttentionProblem& problem);
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_COMPUTE_H_
+#endif  // RPA_SRC_RUN_COMPUTE_H_

@@ -1,4 +1,4 @@
-#include "cpu_budget.h"
+#include "threads/cpu_budget.h"
 
 #include <algorithm>
 #include <charconv>
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "thread_affinity.h"
+#include "threads/thread_affinity.h"
 
 namespace rpa::internal {
 namespace {

@@ -9,8 +9,8 @@
 // split into chunks that write partial (m, l, acc) and a merge combines
 // them by log-sum-exp (flash-decoding). The plan depends only on the problem
 // and the thread count, so results are identical run to run.
-#ifndef RPA_SRC_PLAN_H_
-#define RPA_SRC_PLAN_H_
+#ifndef RPA_SRC_PLAN_PLAN_H_
+#define RPA_SRC_PLAN_PLAN_H_
 
 #include <cstdint>
 #include <string>
@@ -65,4 +65,4 @@ void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan);
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_PLAN_H_
+#endif  // RPA_SRC_PLAN_PLAN_H_

@@ -18,10 +18,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "block_sizes_internal.h"
-#include "rpa/kernels.h"
 #include "format.h"
 #include "kernel/scratch.h"
+#include "plan/block_sizes_internal.h"
+#include "rpa/kernels.h"
 
 namespace rpa {
 namespace internal {

@@ -8,9 +8,9 @@
 #include <initializer_list>
 #include <string>
 
-#include "cpu_binding.h"
 #include "format.h"
-#include "validate_internal.h"
+#include "threads/cpu_binding.h"
+#include "validate/validate_internal.h"
 
 namespace rpa::internal {
 
@@ -55,6 +55,19 @@ void CheckRank(const TensorView& t, std::string_view name, int rank, std::string
                    "."),
             StrCat("Pass ", name, " as a ", rank, "-dimensional array ", dims, "."));
   CheckNonNegativeExtents(t, name);
+}
+
+void CheckLse(const MutableTensorView& lse, const LseShape& want) {
+  RPA_CHECK(lse.rank == 2 && lse.shape[0] == want.tokens.value && lse.shape[1] == want.heads.value,
+            ErrorKind::kShape,
+            StrCat("lse.shape=", lse.ShapeString(), " must be (",
+                   NameEq(want.tokens.name, want.tokens.value), ", ",
+                   NameEq(want.heads.name, want.heads.value), ")."),
+            want.fix);
+  RPA_CHECK(lse.dtype == DType::kF32, ErrorKind::kDtype,
+            StrCat("lse.dtype=", PyRepr(lse.dtype), " must be float32."),
+            "Allocate lse as float32.");
+  CheckInnermostContiguous(lse, "lse");
 }
 
 namespace {
@@ -241,15 +254,8 @@ void BindSinks(const TensorView& sinks, AttentionProblem& p) {
 }
 
 void BindLse(const MutableTensorView& lse, AttentionProblem& p) {
-  RPA_CHECK(lse.rank == 2 && lse.shape[0] == p.num_tokens && lse.shape[1] == p.num_q_heads,
-            ErrorKind::kShape,
-            StrCat("lse.shape=", lse.ShapeString(), " must be (", NameEq("max_num_batched_tokens", p.num_tokens),
-                   ", ", NameEq("num_q_heads", p.num_q_heads), ")."),
-            "Allocate lse with one float32 per q row and q head: q.shape[:2].");
-  RPA_CHECK(lse.dtype == DType::kF32, ErrorKind::kDtype,
-            StrCat("lse.dtype=", PyRepr(lse.dtype), " must be float32."),
-            "Allocate lse as float32.");
-  CheckInnermostContiguous(lse, "lse");
+  CheckLse(lse, {{"max_num_batched_tokens", p.num_tokens}, {"num_q_heads", p.num_q_heads},
+                 "Allocate lse with one float32 per q row and q head: q.shape[:2]."});
   p.lse = static_cast<float*>(lse.data);
   p.lse_token_stride = lse.strides[0];
 }

@@ -1,27 +1,15 @@
-#include "thread_pool.h"
+#include "threads/thread_pool.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
-#include "cpu_budget.h"
-#include "kernel/amx.h"
 #include "rpa/threads.h"
-#include "thread_affinity.h"
+#include "threads/cpu_budget.h"
+#include "threads/thread_affinity.h"
+#include "threads/worker_idle_hooks.h"
 
 namespace rpa::internal {
-namespace {
-
-// A thread that ran AMX tiles gives their state back before it sleeps (a
-// pool worker) or returns to the caller's code, so idle threads carry no
-// 8 KiB tile state and the next call reloads the configuration.
-void ReleaseThreadTileState() {
-#if defined(__x86_64__)
-  AmxReleaseTiles();
-#endif
-}
-
-}  // namespace
 
 ThreadPool::~ThreadPool() {
   {
@@ -81,7 +69,7 @@ void ThreadPool::WorkerLoop(int worker) {
       seen = generation_;
     }
     RunTasks(worker);
-    ReleaseThreadTileState();
+    RunWorkerIdleHooks();  // Before it sleeps.
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (--pending_ == 0) done_cv_.notify_one();
@@ -94,7 +82,7 @@ void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, Ta
   if (num_workers > num_tasks) num_workers = static_cast<int>(num_tasks);
   if (num_workers <= 1) {
     for (int64_t task = 0; task < num_tasks; ++task) fn(context, task, 0);
-    ReleaseThreadTileState();
+    RunWorkerIdleHooks();  // Before the caller's code goes on.
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
@@ -112,7 +100,7 @@ void ThreadPool::Run(int64_t num_tasks, int num_workers, const void* context, Ta
   }
   start_cv_.notify_all();
   RunTasks(0);
-  ReleaseThreadTileState();
+  RunWorkerIdleHooks();
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   context_ = nullptr;

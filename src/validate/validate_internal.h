@@ -1,20 +1,20 @@
 // Validation that produces the AttentionProblem: the static checks (shapes,
 // dtypes, layouts, options) and the dynamic ones (metadata values), shared by
 // every entry point so each message exists exactly once.
-#ifndef RPA_SRC_VALIDATE_INTERNAL_H_
-#define RPA_SRC_VALIDATE_INTERNAL_H_
+#ifndef RPA_SRC_VALIDATE_VALIDATE_INTERNAL_H_
+#define RPA_SRC_VALIDATE_VALIDATE_INTERNAL_H_
 
 #include <cstdint>
 #include <string_view>
 #include <vector>
 
-#include "metadata_copy.h"
 #include "problem.h"
 #include "rpa/attention.h"
 #include "rpa/engine_page_tables.h"
 #include "rpa/options.h"
 #include "rpa/plan.h"
 #include "rpa/tensor.h"
+#include "validate/metadata_copy.h"
 
 namespace rpa::internal {
 
@@ -39,6 +39,30 @@ void CheckInnermostContiguous(const TensorView& t, std::string_view name);
 
 // The rank `rank`, spelled `dims` in the message, and no negative extent (kShape).
 void CheckRank(const TensorView& t, std::string_view name, int rank, std::string_view dims);
+
+// An extent a message names as `name=value`.
+struct NamedExtent {
+  std::string_view name;
+  int64_t value;
+};
+
+// What a run's lse output must be: [tokens, heads] float32; `fix` says how to
+// allocate it.
+struct LseShape {
+  NamedExtent tokens;
+  NamedExtent heads;
+  std::string_view fix;
+};
+
+// lse's shape, dtype and layout (kShape, kDtype, kLayout): the attention
+// runs' and MLA's.
+void CheckLse(const MutableTensorView& lse, const LseShape& want);
+
+// FlashInfer's CSR extents, each view's rank checked before: qo_indptr and
+// kv_indptr [batch_size + 1] (at least one entry), per_seq [batch_size]
+// (kv_last_page_len, or MLA's kv_len_arr) (kShape).
+void CheckCsrExtents(const TensorView& qo_indptr, const TensorView& kv_indptr,
+                     const TensorView& per_seq, std::string_view per_seq_name);
 
 enum class CacheLayout { kCombined, kNHD, kHND };
 
@@ -174,4 +198,4 @@ inline constexpr MetadataNames kPagedAttentionNames{"lengths", "pages_per_sequen
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_VALIDATE_INTERNAL_H_
+#endif  // RPA_SRC_VALIDATE_VALIDATE_INTERNAL_H_

@@ -1,11 +1,11 @@
-#include "plan.h"
+#include "plan/plan.h"
 
 #include <algorithm>
 #include <iterator>
 #include <numeric>
 #include <optional>
 
-#include "block_sizes_internal.h"
+#include "plan/block_sizes_internal.h"
 #include "rpa/block_sizes.h"
 
 namespace rpa::internal {

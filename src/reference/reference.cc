@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "reference_impl.h"
-#include "validate_internal.h"
+#include "reference/reference_impl.h"
+#include "validate/validate_internal.h"
 
 namespace rpa::internal {
 namespace {

@@ -1,12 +1,12 @@
-#include "cpu_binding.h"
+#include "threads/cpu_binding.h"
 
 #include <cstdlib>
 #include <string>
 
-#include "cpu_list.h"
 #include "format.h"
 #include "rpa/threads.h"
-#include "thread_affinity.h"
+#include "threads/cpu_list.h"
+#include "threads/thread_affinity.h"
 
 namespace rpa {
 

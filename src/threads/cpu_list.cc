@@ -1,4 +1,4 @@
-#include "cpu_list.h"
+#include "threads/cpu_list.h"
 
 #include <algorithm>
 #include <charconv>

@@ -3,8 +3,8 @@
 // worker 0, the thread that calls rpa, which rpa never moves: a library
 // that re-pinned its caller would move the application's own thread.
 // Workers past the list keep the mask they were started with.
-#ifndef RPA_SRC_CPU_BINDING_H_
-#define RPA_SRC_CPU_BINDING_H_
+#ifndef RPA_SRC_THREADS_CPU_BINDING_H_
+#define RPA_SRC_THREADS_CPU_BINDING_H_
 
 #include <atomic>
 #include <cstdint>
@@ -49,4 +49,4 @@ CpuBinding& ProcessCpuBinding();
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_CPU_BINDING_H_
+#endif  // RPA_SRC_THREADS_CPU_BINDING_H_

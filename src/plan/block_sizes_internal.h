@@ -1,7 +1,7 @@
 // The tuned-table format, its lookup and the heuristic, for rpa tune and the
 // tests (docs/block_sizes.md).
-#ifndef RPA_SRC_BLOCK_SIZES_INTERNAL_H_
-#define RPA_SRC_BLOCK_SIZES_INTERNAL_H_
+#ifndef RPA_SRC_PLAN_BLOCK_SIZES_INTERNAL_H_
+#define RPA_SRC_PLAN_BLOCK_SIZES_INTERNAL_H_
 
 #include <cstdint>
 #include <optional>
@@ -104,4 +104,4 @@ BlockSizes FitBlockSizes(const BlockSizeConfig& config, BlockSizes sizes,
 
 }  // namespace rpa::internal
 
-#endif  // RPA_SRC_BLOCK_SIZES_INTERNAL_H_
+#endif  // RPA_SRC_PLAN_BLOCK_SIZES_INTERNAL_H_
