@@ -218,7 +218,6 @@ void BM_DecodeLogits(benchmark::State& state) {
   std::vector<const uint8_t*> k_rows(k.ptrs.size());
   for (size_t i = 0; i < k_rows.size(); ++i) k_rows[i] = static_cast<const uint8_t*>(k.ptrs[i]);
   internal::KvTile tile;
-  tile.dtype = DType::kBF16;
   tile.head_dim = dim;
   tile.row_bytes = dim * 2;
   tile.n = n;
@@ -232,7 +231,7 @@ void BM_DecodeLogits(benchmark::State& state) {
       internal::AmxLogits(
           {q.data(), dim, g, kp.data(), n, dim, s.data(), AmxRoundUp(n, 16), false});
     } else {
-      internal::kAvx512Wide.logits({q_eo.data(), dim, g, nullptr}, tile, {s.data(), n, g}, {});
+      internal::Avx512Wide(DType::kBF16)->logits({q_eo.data(), dim, g, nullptr}, tile, {s.data(), n, g}, {});
     }
     benchmark::DoNotOptimize(s.data());
   }

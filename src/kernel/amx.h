@@ -204,11 +204,19 @@ struct AmxDecodeLogitsArgs {
 void AmxDecodeLogitsT(const AmxDecodeLogitsArgs& args, AmxBackend backend = AmxBackend::kHardware);
 
 // For the kernels that multiply bf16 pairs (amx_prefill, avx512_bf16_packed;
-// AVX-512 BF16 code): the tile's K (or V) rows packed as AmxPackKeys (or
-// AmxPackValues) packs them into scratch.packed, after prefetching the next
-// tile's rows; returns the packed tile.
-const uint16_t* PackTileKeys(const KvTile& tile, const TileScratch& scratch);
-const uint16_t* PackTileValues(const KvTile& tile, const TileScratch& scratch);
+// AVX-512 BF16 code), each instance for K/V of kDtype (bf16, e4m3fn, e5m2 or
+// int8): the tile's K (or V) rows packed as AmxPackKeys (or AmxPackValues)
+// packs them into scratch.packed, after prefetching the next tile's rows;
+// returns the packed tile.
+template <DType kDtype>
+struct TilePacks {
+  static const uint16_t* Keys(const KvTile& tile, const TileScratch& scratch);
+  static const uint16_t* Values(const KvTile& tile, const TileScratch& scratch);
+};
+extern template struct TilePacks<DType::kBF16>;
+extern template struct TilePacks<DType::kF8E4M3FN>;
+extern template struct TilePacks<DType::kF8E5M2>;
+extern template struct TilePacks<DType::kI8>;
 // The softmax's f32 weights p as bf16 in place (AmxWeightsToBf16's layout,
 // [RoundUp(p.rows, 16)][RoundUp(n, 32)] over p's rows): row r's bf16 end
 // before row r + 1's f32 begin (p.stride >= 16), and each chunk is read

@@ -754,19 +754,30 @@ const void* const* RowPointers(const KvRows& rows, const TileScratch& scratch) {
 
 }  // namespace
 
-const uint16_t* PackTileKeys(const KvTile& tile, const TileScratch& scratch) {
+template <DType kDtype>
+const uint16_t* TilePacks<kDtype>::Keys(const KvTile& tile, const TileScratch& scratch) {
   PrefetchRows(tile.k_next, 0, tile.k_next.count, tile.row_bytes);
   uint16_t* packed = reinterpret_cast<uint16_t*>(scratch.packed);
-  AmxPackKeys({tile.dtype, RowPointers(tile.k, scratch), tile.n, tile.head_dim, packed});
+  if (tile.n > 0 && tile.head_dim > 0) {
+    PackKeysImpl<kDtype>({kDtype, RowPointers(tile.k, scratch), tile.n, tile.head_dim, packed});
+  }
   return packed;
 }
 
-const uint16_t* PackTileValues(const KvTile& tile, const TileScratch& scratch) {
+template <DType kDtype>
+const uint16_t* TilePacks<kDtype>::Values(const KvTile& tile, const TileScratch& scratch) {
   PrefetchRows(tile.v_next, 0, tile.v_next.count, tile.row_bytes);
   uint16_t* packed = reinterpret_cast<uint16_t*>(scratch.packed);
-  AmxPackValues({tile.dtype, RowPointers(tile.v, scratch), tile.n, tile.head_dim, packed});
+  if (tile.n > 0 && tile.head_dim > 0) {
+    PackValuesImpl<kDtype>({kDtype, RowPointers(tile.v, scratch), tile.n, tile.head_dim, packed});
+  }
   return packed;
 }
+
+template struct TilePacks<DType::kBF16>;
+template struct TilePacks<DType::kF8E4M3FN>;
+template struct TilePacks<DType::kF8E5M2>;
+template struct TilePacks<DType::kI8>;
 
 const uint16_t* WeightsToBf16InPlace(const TileLogits& p, int64_t n) {
   uint16_t* weights = reinterpret_cast<uint16_t*>(p.s);

@@ -32,11 +32,11 @@
 namespace rpa::internal {
 namespace {
 
-template <AmxBackend kBackend>
+template <AmxBackend kBackend, DType kDtype>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* k_packed = PackTileKeys(tile, scratch);
+  const uint16_t* k_packed = TilePacks<kDtype>::Keys(tile, scratch);
   AmxLogitsArgs args;
   args.q = static_cast<const uint16_t*>(q.data);
   args.q_stride = q.stride;
@@ -49,11 +49,11 @@ void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
   AmxLogits(args, kBackend);
 }
 
-template <AmxBackend kBackend>
+template <AmxBackend kBackend, DType kDtype>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* v_packed = PackTileValues(tile, scratch);
+  const uint16_t* v_packed = TilePacks<kDtype>::Values(tile, scratch);
   const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
   AmxPvBf16Args args;
   args.p_bf16 = weights;
@@ -67,17 +67,30 @@ void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
   AmxPvBf16(args, kBackend);
 }
 
+template <AmxBackend kBackend, DType kDtype>
+constexpr ProductKernel kAmx = {
+    kBackend == AmxBackend::kHardware ? "amx_prefill" : "amx_prefill (emulated)",
+    QueryFormat::kBf16,
+    PrepareBf16Row,
+    AccOrder::kNatural,
+    /*e4m3_scaled=*/false,
+    Logits<kBackend, kDtype>,
+    Pv<kBackend, kDtype>};
+
+template <AmxBackend kBackend>
+const ProductKernel* AmxFor(DType kv_dtype) {
+  return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2,
+                          DType::kI8>(kv_dtype,
+                                      []<DType kDtype>() { return &kAmx<kBackend, kDtype>; });
+}
+
 }  // namespace
 
-const ProductKernel kAmxPrefill = {
-    "amx_prefill",      QueryFormat::kBf16,    PrepareBf16Row,
-    AccOrder::kNatural, /*e4m3_scaled=*/false, Logits<AmxBackend::kHardware>,
-    Pv<AmxBackend::kHardware>};
+const ProductKernel* AmxPrefill(DType kv_dtype) { return AmxFor<AmxBackend::kHardware>(kv_dtype); }
 
-const ProductKernel kAmxPrefillEmulated = {
-    "amx_prefill (emulated)", QueryFormat::kBf16,    PrepareBf16Row,
-    AccOrder::kNatural,       /*e4m3_scaled=*/false, Logits<AmxBackend::kEmulated>,
-    Pv<AmxBackend::kEmulated>};
+const ProductKernel* AmxPrefillEmulated(DType kv_dtype) {
+  return AmxFor<AmxBackend::kEmulated>(kv_dtype);
+}
 
 }  // namespace rpa::internal
 

@@ -7,12 +7,13 @@
 #if defined(__x86_64__)
 namespace rpa::internal {
 
-// Products on Intel AMX bf16 tiles for bf16 q over bf16, fp8 and int8 K/V;
-// q in kBf16, accumulators kNatural. Needs CpuFeatures::amx_bf16.
-extern const ProductKernel kAmxPrefill;
+// Products on Intel AMX bf16 tiles for bf16 q over K/V of kv_dtype (bf16,
+// fp8 or int8; null for any other); q in kBf16, accumulators kNatural.
+// Needs CpuFeatures::amx_bf16.
+const ProductKernel* AmxPrefill(DType kv_dtype);
 // The same tile programs on the scalar tile model (amx.h's kEmulated
 // backend): what tests run where the CPU has no AMX.
-extern const ProductKernel kAmxPrefillEmulated;
+const ProductKernel* AmxPrefillEmulated(DType kv_dtype);
 
 }  // namespace rpa::internal
 #endif  // __x86_64__

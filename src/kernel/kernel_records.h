@@ -45,9 +45,11 @@ struct KernelRecord {
   const char* file;  // Under src/kernel/.
   KernelNeeds needs;
   // Exactly one of the two: the unfused products (for this Highway target
-  // where they are Highway code), or a fused decode tile.
-  const ProductKernel* (*products)() = nullptr;
-  const FusedTileKernel* fused = nullptr;
+  // where they are Highway code), or a fused decode tile, each as the
+  // kernel's instance for K/V of kv_dtype: not null for every dtype of
+  // needs.kv_dtypes (dispatch resolves it once per plan).
+  const ProductKernel* (*products)(DType kv_dtype) = nullptr;
+  const FusedTileKernel* (*fused)(DType kv_dtype) = nullptr;
   // Whether dispatch chooses it by default; false: only when the CPU
   // features say it was asked for (e.g. AMX behind RPA_AMX=1), see `cpu`.
   bool measured = true;
