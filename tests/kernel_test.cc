@@ -29,6 +29,7 @@
 #include "reference_impl.h"
 #include "rpa/dtype.h"
 #include "rpa/rpa.h"
+#include "testing/amx_emulation.h"
 #include "testing/synthetic_batch.h"
 #include "testing/tolerance.h"
 #include "thread_pool.h"
@@ -330,7 +331,7 @@ void CheckBf16PrefillGrid(uint64_t seed) {
 
 TEST(KernelAmxTest, PrefillGridMatchesReference) {
   if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "the tile model needs AVX-512 BF16";
-  ScopedAmxEmulation emulate;
+  testing::ScopedAmxEmulation emulate;
   CheckBf16PrefillGrid(83);
 }
 
@@ -877,7 +878,7 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     EXPECT_EQ(report(DType::kBF16, middle, false, DType::kBF16), "middle: avx512_wide");
   }
   if (DetectedCpuFeatures().avx512bf16) {
-    ScopedAmxEmulation emulate;
+    testing::ScopedAmxEmulation emulate;
     EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16),
               "prefill: amx_prefill (emulated)");
     EXPECT_EQ(report(DType::kI8, prefill, false, DType::kBF16),
@@ -919,11 +920,13 @@ TEST(KernelDispatchTest, EveryRecordIsReachable) {
   const DType kv_dtypes[] = {DType::kF32,      DType::kBF16,   DType::kF16,
                              DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8};
   int reached = 0, unreachable_here = 0;
+  { testing::ScopedAmxEmulation install; }  // Its record joins the list (testing/).
   for (const KernelRecord& record : KernelRecords()) {
     ASSERT_TRUE((record.products != nullptr) != (record.fused != nullptr)) << record.name;
     bool found = false, cpu_ever = false;
     for (int m = 0; m < 2 * static_cast<int>(masks.size()); ++m) {
-      std::optional<ScopedAmxEmulation> emulate;  // Each mask without, then with, the tile model.
+      // Each mask without, then with, the tile model.
+      std::optional<testing::ScopedAmxEmulation> emulate;
       if (m % 2 == 1 && DetectedCpuFeatures().avx512bf16) emulate.emplace();
       ScopedCpuFeatureMask scoped(masks[m / 2]);
       const CpuFeatures cpu = UsableCpuFeatures();
@@ -997,7 +1000,7 @@ TEST(KernelDispatchTest, DescribeKernelsNamesEveryClass) {
               std::string::npos);
   }
   if (!DetectedCpuFeatures().avx512bf16) return;
-  ScopedAmxEmulation emulate;
+  testing::ScopedAmxEmulation emulate;
   EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("prefill: amx_prefill (emulated)"),
             std::string::npos)
       << rpa::DescribeKernels(DType::kBF16);

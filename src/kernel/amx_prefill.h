@@ -1,19 +1,102 @@
-// The AMX prefill kernel (amx_prefill.cc). x86-64 only.
+// The AMX prefill kernel: both products of a prefill task on Intel AMX
+// tiles, bf16 in, f32 accumulation (amx.h has the products, bf16_pairs.h the
+// packs).
+//
+// Arithmetic: per KV tile, K is packed once into the VNNI pair layout
+// ([RoundUp(head_dim, 32) / 2][RoundUp(n, 32)][2] bf16; fp8 and int8
+// converted exactly, e4m3fn at its true value) and every 16-row block of q
+// [rows, dim_pad] bf16 multiplies it: S = Q K^T in f32 (tdpbf16ps). The
+// task loop's softmax (AVX-512) turns S into f32 weights; they are rounded
+// to bf16 in place, as flash attention does on GPUs, V is packed in pairs of
+// keys ([RoundUp(n, 32) / 2][RoundUp(head_dim, 16)][2]) and acc += P V in
+// f32. The error over the f32 path is the weights' bf16 rounding (2^-9
+// relative each; the LSE sums the unrounded weights) and q's for non-bf16 q
+// (dispatch gives this kernel bf16 q only).
+//
+// Shapes: rows padded to 16 in scratch (kRowAlign): tiles always have 16
+// rows, padding rows are computed and never used. The packed K and V take
+// TileScratch::packed (one after the other: PV packs V over the logits' K);
+// the bf16 weights overwrite their own f32 logits row by row.
+//
+// Dispatch chooses it for the prefill class (>= kPackedMinRows rows per kv
+// head) with bf16 q where the CPU has AMX and RPA_AMX=1 (dispatch.h: not
+// yet measured on AMX hardware), and its twin on the scalar tile model
+// (testing/amx_emulation.h) under a test's ScopedAmxEmulation. x86-64 only.
 #ifndef RPA_SRC_KERNEL_AMX_PREFILL_H_
 #define RPA_SRC_KERNEL_AMX_PREFILL_H_
 
 #include "kernel/tile_kernel.h"
 
 #if defined(__x86_64__)
+#include "kernel/amx.h"
+#include "kernel/bf16_pairs.h"
+#include "rpa/dtype.h"
+
 namespace rpa::internal {
 
-// Products on Intel AMX bf16 tiles for bf16 q over K/V of kv_dtype (bf16,
-// fp8 or int8; null for any other); q in kBf16, accumulators kNatural.
-// Needs CpuFeatures::amx_bf16.
+// Products on the hardware's AMX bf16 tiles for bf16 q over K/V of kv_dtype
+// (bf16, fp8 or int8; null for any other); q in kBf16, accumulators
+// kNatural. Needs CpuFeatures::amx_bf16.
 const ProductKernel* AmxPrefill(DType kv_dtype);
-// The same tile programs on the scalar tile model (amx.h's kEmulated
-// backend): what tests run where the CPU has no AMX.
-const ProductKernel* AmxPrefillEmulated(DType kv_dtype);
+
+// The same kernel over another tile unit's products: Unit has static
+// Logits(const AmxLogitsArgs&) and PvBf16(const AmxPvBf16Args&) as amx.h's,
+// and kName, the kernel's name. AmxPrefill's unit is the hardware; the
+// scalar tile model's twin is testing/amx_emulation.cc's.
+template <class Unit>
+const ProductKernel* AmxPrefillOn(DType kv_dtype);
+
+namespace amx_prefill {
+
+template <class Unit, DType kDtype>
+void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
+            const TileScratch& scratch) {
+  if (q.rows <= 0 || tile.n <= 0) return;
+  const uint16_t* k_packed = TilePacks<kDtype>::Keys(tile, scratch);
+  AmxLogitsArgs args;
+  args.q = static_cast<const uint16_t*>(q.data);
+  args.q_stride = q.stride;
+  args.rows = q.rows;
+  args.k_packed = k_packed;
+  args.n = tile.n;
+  args.head_dim = tile.head_dim;
+  args.s = s.s;
+  args.s_stride = s.stride;
+  Unit::Logits(args);
+}
+
+template <class Unit, DType kDtype>
+void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
+        const TileScratch& scratch) {
+  if (p.rows <= 0 || tile.n <= 0) return;
+  const uint16_t* v_packed = TilePacks<kDtype>::Values(tile, scratch);
+  const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
+  AmxPvBf16Args args;
+  args.p_bf16 = weights;
+  args.p_stride = AmxRoundUp(tile.n, kAmxKeyAlign);
+  args.rows = p.rows;
+  args.v_packed = v_packed;
+  args.n = tile.n;
+  args.head_dim = tile.head_dim;
+  args.acc = state.acc;
+  args.acc_stride = state.stride;
+  Unit::PvBf16(args);
+}
+
+template <class Unit, DType kDtype>
+constexpr ProductKernel kKernel = {Unit::kName,          QueryFormat::kBf16,
+                                   PrepareBf16Row,       AccOrder::kNatural,
+                                   /*e4m3_scaled=*/false, Logits<Unit, kDtype>,
+                                   Pv<Unit, kDtype>};
+
+}  // namespace amx_prefill
+
+template <class Unit>
+const ProductKernel* AmxPrefillOn(DType kv_dtype) {
+  return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2,
+                          DType::kI8>(
+      kv_dtype, []<DType kDtype>() { return &amx_prefill::kKernel<Unit, kDtype>; });
+}
 
 }  // namespace rpa::internal
 #endif  // __x86_64__

@@ -2,7 +2,7 @@
 // of bf16 multiplied and summed into f32 lanes) on tiles packed once.
 //
 // Arithmetic: per KV tile, K is packed into dimension pairs and V into key
-// pairs, exactly as the AMX kernel packs them (amx.h's AmxPackKeys /
+// pairs, exactly as the AMX kernel packs them (bf16_pairs.h's AmxPackKeys /
 // AmxPackValues, AVX-512 BF16 code; fp8 and int8 exact, e4m3fn at its true
 // value). Logits: per pair of dims, one load of 16 keys' pairs and a
 // broadcast of each row's q pair feed one vdpbf16ps per row and 16 keys;
@@ -27,8 +27,8 @@
 #include "kernel/avx512_bf16_packed.h"
 
 #if defined(__x86_64__)
-#include "kernel/amx.h"
 #include "kernel/avx512_common.h"
+#include "kernel/bf16_pairs.h"
 
 namespace rpa::internal {
 namespace {

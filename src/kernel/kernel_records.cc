@@ -1,5 +1,8 @@
 #include "kernel/kernel_records.h"
 
+#include <atomic>
+#include <mutex>
+
 #include "kernel/kernel.h"
 #include "problem.h"
 
@@ -33,18 +36,16 @@ const ProductKernel* HighwayPacked(DType kv_dtype) {
   return HighwayKernelsForCpu(kv_dtype).packed;
 }
 
-// Why this order: docs/kernel.md, Dispatch.
-constexpr KernelRecord kRecords[] = {
+// Why this order: docs/kernel.md, Dispatch. Slot 0 is a test's record
+// (InstallTestKernelRecord), empty until one is installed.
+KernelRecord g_records[] = {
+    {},
 #if defined(__x86_64__)
     // ---- Products.
     {"amx_prefill", "amx_prefill.cc",
      {kBf16Q, kBf16ExactKv, kPrefillClass, true,
       [](const CpuFeatures& f) { return f.amx_bf16 && !f.amx_emulated && f.amx_opted_in; }},
      AmxPrefill, nullptr, /*measured=*/false},
-    {"amx_prefill (emulated)", "amx_prefill.cc",
-     {kBf16Q, kBf16ExactKv, kPrefillClass, true,
-      [](const CpuFeatures& f) { return f.amx_emulated; }},
-     AmxPrefillEmulated, nullptr, /*measured=*/false},
     {"avx512_bf16_packed", "avx512_bf16_packed.cc",
      {kBf16Q, kBf16ExactKv, kPrefillClass, true,
       [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
@@ -76,9 +77,23 @@ constexpr KernelRecord kRecords[] = {
 #endif
 };
 
+// Whether slot 0 holds a record: set once, after the record is written.
+std::atomic<bool> g_test_record{false};
+
 }  // namespace
 
-std::span<const KernelRecord> KernelRecords() { return kRecords; }
+std::span<const KernelRecord> KernelRecords() {
+  return std::span<const KernelRecord>(g_records).subspan(
+      g_test_record.load(std::memory_order_acquire) ? 0 : 1);
+}
+
+void InstallTestKernelRecord(const KernelRecord& record) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    g_records[0] = record;
+    g_test_record.store(true, std::memory_order_release);
+  });
+}
 
 bool Meets(const KernelRecord& record, const AttentionProblem& problem, TaskClass c,
            const CpuFeatures& cpu) {
