@@ -47,10 +47,10 @@ void AmxLogits(const internal::AmxLogitsArgs& args, AmxBackend backend);
 void AmxPvBf16(const internal::AmxPvBf16Args& args, AmxBackend backend);
 
 // A scalar model of the AMX tiles, per thread: a tile unit for
-// amx_tile_programs.h. tdpbf16ps as the SDM
-// writes it: for each C element, two exact bf16 products added in turn per
-// pair, denormal inputs as zero, denormal results flushed; a configuration
-// that does not fit the operands aborts (the hardware raises #UD).
+// amx_tile_programs.h. tdpbf16ps as the SDM writes it: for each C element,
+// two exact bf16 products added in turn per pair, denormal inputs as zero,
+// denormal results flushed; a configuration that does not fit the operands
+// aborts (the hardware raises #UD).
 struct EmuTiles {
   using TileConfig = internal::amx::TileConfig;
 

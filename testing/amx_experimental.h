@@ -29,10 +29,7 @@ struct AmxPvArgs {
   const uint16_t* v_packed = nullptr;  // AmxPackValues of n keys, head_dim dims.
   int64_t n = 0;
   int64_t head_dim = 0;
-  // [RoundUp(rows, 16)][acc_stride] f32, natural dimension order,
-  // acc_stride >= RoundUp(head_dim, 16); columns [head_dim, RoundUp(head_dim,
-  // 16)) get += 0, rows >= rows are loaded and stored back (+= 0).
-  float* acc = nullptr;
+  float* acc = nullptr;  // As AmxPvBf16Args::acc.
   int64_t acc_stride = 0;
   uint16_t* p_bf16 = nullptr;  // Scratch: AmxPvScratchElems(rows, n) elements.
 };

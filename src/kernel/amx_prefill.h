@@ -53,16 +53,8 @@ void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
   const uint16_t* k_packed = TilePacks<kDtype>::Keys(tile, scratch);
-  AmxLogitsArgs args;
-  args.q = static_cast<const uint16_t*>(q.data);
-  args.q_stride = q.stride;
-  args.rows = q.rows;
-  args.k_packed = k_packed;
-  args.n = tile.n;
-  args.head_dim = tile.head_dim;
-  args.s = s.s;
-  args.s_stride = s.stride;
-  Unit::Logits(args);
+  Unit::Logits({static_cast<const uint16_t*>(q.data), q.stride, q.rows, k_packed, tile.n,
+                tile.head_dim, s.s, s.stride});
 }
 
 template <class Unit, DType kDtype>
@@ -71,16 +63,8 @@ void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
   if (p.rows <= 0 || tile.n <= 0) return;
   const uint16_t* v_packed = TilePacks<kDtype>::Values(tile, scratch);
   const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
-  AmxPvBf16Args args;
-  args.p_bf16 = weights;
-  args.p_stride = AmxRoundUp(tile.n, kAmxKeyAlign);
-  args.rows = p.rows;
-  args.v_packed = v_packed;
-  args.n = tile.n;
-  args.head_dim = tile.head_dim;
-  args.acc = state.acc;
-  args.acc_stride = state.stride;
-  Unit::PvBf16(args);
+  Unit::PvBf16({weights, AmxRoundUp(tile.n, kAmxKeyAlign), p.rows, v_packed, tile.n,
+                tile.head_dim, state.acc, state.stride});
 }
 
 template <class Unit, DType kDtype>

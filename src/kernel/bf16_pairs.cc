@@ -154,32 +154,30 @@ void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
 
 namespace {
 
-// The tile's rows as the packs take them.
-const void* const* RowPointers(const KvRows& rows, const TileScratch& scratch) {
-  for (int64_t i = 0; i < rows.count; ++i) scratch.row_pointers[i] = rows[i];
-  return scratch.row_pointers;
+// rows (after prefetching the next tile's, `next`) packed by kPack into
+// scratch.packed.
+template <DType kDtype, void (*kPack)(const AmxPackArgs&)>
+const uint16_t* PackTile(const KvRows& rows, const KvRows& next, const KvTile& tile,
+                         const TileScratch& scratch) {
+  PrefetchRows(next, 0, next.count, tile.row_bytes);
+  uint16_t* packed = reinterpret_cast<uint16_t*>(scratch.packed);
+  if (tile.n > 0 && tile.head_dim > 0) {
+    for (int64_t i = 0; i < rows.count; ++i) scratch.row_pointers[i] = rows[i];
+    kPack({kDtype, scratch.row_pointers, tile.n, tile.head_dim, packed});
+  }
+  return packed;
 }
 
 }  // namespace
 
 template <DType kDtype>
 const uint16_t* TilePacks<kDtype>::Keys(const KvTile& tile, const TileScratch& scratch) {
-  PrefetchRows(tile.k_next, 0, tile.k_next.count, tile.row_bytes);
-  uint16_t* packed = reinterpret_cast<uint16_t*>(scratch.packed);
-  if (tile.n > 0 && tile.head_dim > 0) {
-    PackKeysImpl<kDtype>({kDtype, RowPointers(tile.k, scratch), tile.n, tile.head_dim, packed});
-  }
-  return packed;
+  return PackTile<kDtype, PackKeysImpl<kDtype>>(tile.k, tile.k_next, tile, scratch);
 }
 
 template <DType kDtype>
 const uint16_t* TilePacks<kDtype>::Values(const KvTile& tile, const TileScratch& scratch) {
-  PrefetchRows(tile.v_next, 0, tile.v_next.count, tile.row_bytes);
-  uint16_t* packed = reinterpret_cast<uint16_t*>(scratch.packed);
-  if (tile.n > 0 && tile.head_dim > 0) {
-    PackValuesImpl<kDtype>({kDtype, RowPointers(tile.v, scratch), tile.n, tile.head_dim, packed});
-  }
-  return packed;
+  return PackTile<kDtype, PackValuesImpl<kDtype>>(tile.v, tile.v_next, tile, scratch);
 }
 
 template struct TilePacks<DType::kBF16>;

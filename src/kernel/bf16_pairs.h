@@ -88,7 +88,8 @@ struct RowReader {
       : lut(avx512::LoadLut(avx512::Fp8TableOf(kDtype, /*e4m3_scaled=*/false))),
         head_dim(dim) {}
 
-  RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i operator()(const void* row, int64_t d0) const {
+  RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i operator()(
+      const void* row, int64_t d0) const {
     const __mmask32 mask = avx512::ChunkMask(d0, head_dim);  // d0 < head_dim.
     if constexpr (kDtype == DType::kBF16) {
       return _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d0);
