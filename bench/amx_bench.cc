@@ -1,4 +1,5 @@
-// Google Benchmark for the AMX building blocks (kernel/amx.h) on
+// Google Benchmark for the AMX building blocks (kernel/amx.h, and
+// testing/amx_experimental.h's) on
 // cache-resident tiles: the tdpbf16ps peak of one thread, AmxLogits and
 // AmxPv for a prefill-like tile (512 rows = 128 tokens x 4 q heads, 256
 // keys, head_dim 128) in GFLOP/s, the K/V packs per key, and the decode
@@ -18,8 +19,10 @@
 
 #include "kernel/amx.h"
 #include "kernel/avx512_wide.h"
+#include "kernel/bf16_pairs.h"
 #include "kernel/cpu_features.h"
 #include "rpa/dtype.h"
+#include "testing/amx_experimental.h"
 
 #if defined(__x86_64__)
 namespace rpa {
@@ -74,7 +77,7 @@ void Repeated(B* b) {
 void BM_AmxPeak(benchmark::State& state) {
   if (!NeedHardware(state)) return;
   double gflops = 0;
-  for (auto _ : state) gflops = internal::AmxBf16PeakGflops(0.1);
+  for (auto _ : state) gflops = testing::AmxBf16PeakGflops(0.1);
   state.counters["GFLOP/s"] = gflops;
 }
 BENCHMARK(BM_AmxPeak)->Iterations(1)->Apply([](benchmark::internal::Benchmark* b) {
@@ -105,10 +108,11 @@ struct PrefillTile {
     internal::AmxPackValues({DType::kBF16, v.ptrs.data(), kKeys, kDim, vp.data()});
   }
   void Logits(float* out) {
-    internal::AmxLogits({q.data(), kDim, rows, kp.data(), kKeys, kDim, out, kKeys, false});
+    internal::AmxLogits({q.data(), kDim, rows, kp.data(), kKeys, kDim, out, kKeys});
   }
   void Pv() {
-    internal::AmxPv({s.data(), kKeys, rows, vp.data(), kKeys, kDim, acc.data(), kDim, pb.data()});
+    testing::AmxPv({s.data(), kKeys, rows, vp.data(), kKeys, kDim, acc.data(), kDim, pb.data()},
+                   testing::AmxBackend::kHardware);
   }
   double Flops() const { return 2.0 * rows * kKeys * kDim; }
 
@@ -209,30 +213,30 @@ void BM_DecodeLogits(benchmark::State& state) {
   }
   const Rows k = MakeRows(DType::kBF16, n, dim, 4096);
   const std::vector<uint16_t> q = RandomBf16(static_cast<size_t>(AmxRoundUp(g, 16) * dim), 5);
-  std::vector<uint16_t> qt(internal::AmxPackedQtElems(g, dim));
-  internal::AmxPackQt(q.data(), dim, g, dim, qt.data());
-  std::vector<uint16_t> scratch(internal::AmxDecodeScratchElems(dim));
+  std::vector<uint16_t> qt(testing::AmxPackedQtElems(g, dim));
+  testing::AmxPackQt(q.data(), dim, g, dim, qt.data());
+  std::vector<uint16_t> scratch(testing::AmxDecodeScratchElems(dim));
   std::vector<uint16_t> kp(internal::AmxPackedKeysElems(n, dim));
   std::vector<float> q_eo(static_cast<size_t>(g * dim), 0.01f);
   std::vector<float> s(static_cast<size_t>(AmxRoundUp(g, 16) * AmxRoundUp(n, 16)));
   std::vector<const uint8_t*> k_rows(k.ptrs.size());
   for (size_t i = 0; i < k_rows.size(); ++i) k_rows[i] = static_cast<const uint8_t*>(k.ptrs[i]);
   internal::KvTile tile;
-  tile.dtype = DType::kBF16;
   tile.head_dim = dim;
   tile.row_bytes = dim * 2;
   tile.n = n;
   tile.k = {k_rows.data(), 0, n};
   for (auto _ : state) {
     if (how == 0) {
-      internal::AmxDecodeLogitsT(
-          {DType::kBF16, k.ptrs.data(), n, dim, qt.data(), g, s.data(), g, scratch.data()});
+      testing::AmxDecodeLogitsT(
+          {DType::kBF16, k.ptrs.data(), n, dim, qt.data(), g, s.data(), g, scratch.data()},
+          testing::AmxBackend::kHardware);
     } else if (how == 1) {
       internal::AmxPackKeys({DType::kBF16, k.ptrs.data(), n, dim, kp.data()});
-      internal::AmxLogits(
-          {q.data(), dim, g, kp.data(), n, dim, s.data(), AmxRoundUp(n, 16), false});
+      internal::AmxLogits({q.data(), dim, g, kp.data(), n, dim, s.data(), AmxRoundUp(n, 16)});
     } else {
-      internal::kAvx512Wide.logits({q_eo.data(), dim, g, nullptr}, tile, {s.data(), n, g}, {});
+      internal::Avx512Wide(DType::kBF16)
+          ->logits({q_eo.data(), dim, g, nullptr}, tile, {s.data(), n, g}, {});
     }
     benchmark::DoNotOptimize(s.data());
   }
@@ -257,7 +261,8 @@ void BM_DecodePv(benchmark::State& state) {
   std::vector<float> acc(static_cast<size_t>(AmxRoundUp(g, 16) * dim), 0.0f);
   for (auto _ : state) {
     internal::AmxPackValues({DType::kBF16, v.ptrs.data(), n, dim, vp.data()});
-    internal::AmxPv({p.data(), n, g, vp.data(), n, dim, acc.data(), dim, pb.data()});
+    testing::AmxPv({p.data(), n, g, vp.data(), n, dim, acc.data(), dim, pb.data()},
+                   testing::AmxBackend::kHardware);
     benchmark::DoNotOptimize(acc.data());
   }
   state.counters["ns_per_key"] = benchmark::Counter(

@@ -49,7 +49,6 @@ void DecodeRows(benchmark::State& state, const internal::ProductKernel& kernel, 
   }
   std::vector<float> q(rows * dim, 0.01f), s(rows * tokens, 0.01f), acc(rows * dim, 0.0f);
   internal::KvTile tile;
-  tile.dtype = DType::kBF16;
   tile.head_dim = dim;
   tile.row_bytes = dim * 2;
   tile.n = tokens;
@@ -77,12 +76,18 @@ void DecodeRows(benchmark::State& state, const internal::ProductKernel& kernel, 
 #endif
 }
 #if defined(__x86_64__)
-void BM_WideLogits(benchmark::State& state) { DecodeRows(state, internal::kAvx512Wide, false, false); }
-void BM_WidePv(benchmark::State& state) { DecodeRows(state, internal::kAvx512Wide, false, true); }
-void BM_PairLogits(benchmark::State& state) {
-  DecodeRows(state, internal::kAvx512Bf16Rows, true, false);
+void BM_WideLogits(benchmark::State& state) {
+  DecodeRows(state, *internal::Avx512Wide(DType::kBF16), false, false);
 }
-void BM_PairPv(benchmark::State& state) { DecodeRows(state, internal::kAvx512Bf16Rows, true, true); }
+void BM_WidePv(benchmark::State& state) {
+  DecodeRows(state, *internal::Avx512Wide(DType::kBF16), false, true);
+}
+void BM_PairLogits(benchmark::State& state) {
+  DecodeRows(state, *internal::Avx512Bf16Rows(DType::kBF16), true, false);
+}
+void BM_PairPv(benchmark::State& state) {
+  DecodeRows(state, *internal::Avx512Bf16Rows(DType::kBF16), true, true);
+}
 BENCHMARK(BM_WideLogits)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
 BENCHMARK(BM_WidePv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
 BENCHMARK(BM_PairLogits)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
@@ -111,13 +116,12 @@ void FusedDecodeTile(benchmark::State& state, const internal::FusedTileKernel& k
   std::vector<float> q_f32(dim, 0.05f);
   std::vector<float> q(rows * dim);
   for (int64_t r = 0; r < rows; ++r) {
-    kernel.prepare_q(DType::kBF16, q_f32.data(), dim, dim,
+    kernel.prepare_q(q_f32.data(), dim, dim,
                      reinterpret_cast<uint8_t*>(q.data()) +
                          r * dim * internal::QueryElemBytes(kernel.q_format));
   }
   std::vector<float> m(rows, 0.0f), l(rows, 1.0f), acc(rows * dim, 0.0f);
   internal::KvTile tile;
-  tile.dtype = DType::kBF16;
   tile.head_dim = dim;
   tile.row_bytes = dim * 2;
   tile.n = tokens;
@@ -139,10 +143,10 @@ void FusedDecodeTile(benchmark::State& state, const internal::FusedTileKernel& k
 }
 #if defined(__x86_64__)
 void BM_FusedTileWide(benchmark::State& state) {
-  FusedDecodeTile(state, internal::kAvx512WideDecode, false);
+  FusedDecodeTile(state, *internal::Avx512WideDecode(DType::kBF16), false);
 }
 void BM_FusedTileBf16Pairs(benchmark::State& state) {
-  FusedDecodeTile(state, internal::kAvx512Bf16Decode, true);
+  FusedDecodeTile(state, *internal::Avx512Bf16Decode(DType::kBF16), true);
 }
 BENCHMARK(BM_FusedTileWide);
 BENCHMARK(BM_FusedTileBf16Pairs);

@@ -15,6 +15,7 @@
 
 #include "kernel/amx.h"
 #include "kernel/cpu_features.h"
+#include "testing/amx_experimental.h"
 #include "threads/thread_pool.h"
 
 #if defined(__x86_64__)
@@ -176,15 +177,15 @@ double PeakGflops(double (*kernel)(int64_t), int threads, int reps, int64_t iter
   return Best(results);
 }
 
-// The AMX bf16 peak (tdpbf16ps on full tiles, amx.h's probe) on `threads`
-// threads at once, best of reps; each probe releases its tiles.
+// The AMX bf16 peak (tdpbf16ps on full tiles, amx_experimental.h's probe) on
+// `threads` threads at once, best of reps; each probe releases its tiles.
 double AmxPeakGflops(int threads, int reps, double seconds) {
   internal::ThreadPool& pool = internal::GlobalThreadPool();
   std::vector<double> results;
   std::vector<double> rate(static_cast<size_t>(threads));
   for (int r = 0; r < reps; ++r) {
     pool.ParallelFor(threads, threads, [&](int64_t task, int) {
-      rate[task] = internal::AmxBf16PeakGflops(seconds);
+      rate[task] = AmxBf16PeakGflops(seconds);
       internal::AmxReleaseTiles();
     });
     double total = 0.0;

@@ -1,4 +1,5 @@
-// The AMX building blocks (kernel/amx.h) against plain f64 loops over the
+// The AMX building blocks (kernel/amx.h, kernel/bf16_pairs.h, and
+// testing/amx_experimental.h's) against plain f64 loops over the
 // same bf16 inputs: packs element by element, products on a sampled grid of
 // rows x keys x head_dim x K/V dtype, on the hardware's tiles (skipped where
 // AmxSupport() is not usable, with its reason) and on the scalar tile model
@@ -20,9 +21,12 @@
 #include <thread>
 #include <vector>
 
+#include "kernel/bf16_pairs.h"
 #include "kernel/cpu_features.h"
 #include "kernel/tile_kernel.h"
 #include "rpa/dtype.h"
+#include "testing/amx_emulation.h"
+#include "testing/amx_experimental.h"
 #include "threads/thread_pool.h"
 
 namespace rpa::internal {
@@ -36,6 +40,17 @@ TEST(AmxSupport, NotX86) {
 }
 
 #else
+
+using testing::AmxBackend;
+using testing::AmxBf16PeakGflops;
+using testing::AmxDecodeLogitsT;
+using testing::AmxDecodeScratchElems;
+using testing::AmxLogits;
+using testing::AmxLogitsAdd;
+using testing::AmxPackedQtElems;
+using testing::AmxPackQt;
+using testing::AmxPv;
+using testing::AmxPvBf16;
 
 TEST(AmxSupport, ReportsWhy) {
   const AmxStatus& status = AmxSupport();
@@ -265,7 +280,7 @@ Logits RunLogits(const ProductCase& c, const QRows& q, const CacheRows& k) {
   out.stride = RoundUp(c.n, 16) + 16;
   out.s.assign(static_cast<size_t>((RoundUp(c.rows, 16) + 1) * out.stride), NanF32(0x77));
   AmxLogits({q.bits.data(), q.stride, c.rows, kp.data(), c.n, c.head_dim, out.s.data(),
-             out.stride, false},
+             out.stride},
             c.backend);
   return out;
 }
@@ -321,12 +336,10 @@ TEST_P(AmxProductTest, LogitsAccumulateHiLo) {
   AmxPackKeys({c.dtype, k.rows.data(), c.n, c.head_dim, kp.data()});
   const int64_t stride = RoundUp(c.n, 16);
   std::vector<float> s(static_cast<size_t>(RoundUp(c.rows, 16) * stride));
-  AmxLogits({hi.bits.data(), hi.stride, c.rows, kp.data(), c.n, c.head_dim, s.data(), stride,
-             false},
+  AmxLogits({hi.bits.data(), hi.stride, c.rows, kp.data(), c.n, c.head_dim, s.data(), stride},
             c.backend);
-  AmxLogits({lo.bits.data(), lo.stride, c.rows, kp.data(), c.n, c.head_dim, s.data(), stride,
-             true},
-            c.backend);
+  AmxLogitsAdd({lo.bits.data(), lo.stride, c.rows, kp.data(), c.n, c.head_dim, s.data(), stride},
+               c.backend);
   int64_t bad = 0;
   for (int64_t r = 0; r < c.rows; ++r) {
     for (int64_t i = 0; i < c.n; ++i) {

@@ -29,6 +29,7 @@
 #include "rpa/dtype.h"
 #include "rpa/rpa.h"
 #include "run/compute.h"
+#include "testing/amx_emulation.h"
 #include "testing/synthetic_batch.h"
 #include "testing/tolerance.h"
 #include "threads/thread_pool.h"
@@ -330,7 +331,7 @@ void CheckBf16PrefillGrid(uint64_t seed) {
 
 TEST(KernelAmxTest, PrefillGridMatchesReference) {
   if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "the tile model needs AVX-512 BF16";
-  ScopedAmxEmulation emulate;
+  testing::ScopedAmxEmulation emulate;
   CheckBf16PrefillGrid(83);
 }
 
@@ -409,7 +410,6 @@ TEST(KernelTileTest, QIndexIsAPermutation) {
 KvTile TestTile(DType dtype, int64_t head_dim, const std::vector<const uint8_t*>& rows,
                 int64_t v_offset, int64_t n, bool with_next = false) {
   KvTile tile;
-  tile.dtype = dtype;
   tile.head_dim = head_dim;
   tile.row_bytes = head_dim * static_cast<int64_t>(SizeOf(dtype));
   tile.n = n;
@@ -500,7 +500,9 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
       Fp8RowsToBf16(dtype, KvRows{raw.data(), 0, tokens}, tokens, head_dim, scratch);
       const KvTile raw_tile = TestTile(dtype, head_dim, raw, 0, tokens);
       KvTile conv_tile = TestTile(DType::kBF16, head_dim, conv, 0, tokens);
-      const ProductKernel& wide = kAvx512Wide;
+      // The fp8 instance on the codes, the bf16 one on the converted rows.
+      const ProductKernel& wide = *Avx512Wide(dtype);
+      const ProductKernel& wide_bf16 = *Avx512Wide(DType::kBF16);
       for (int64_t rows : {1, 2, 3, 4, 5, 8}) {
         // The 4 x 4 logits blocks read q rows up to a multiple of 4, as the
         // kernel's scratch has them.
@@ -512,7 +514,7 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
         std::vector<float> s_raw(rows * s_stride, 0.0f), s_conv(rows * s_stride, 0.0f);
         const QueryRows q_rows{q.data(), pad, rows, nullptr};
         wide.logits(q_rows, raw_tile, TileLogits{s_raw.data(), s_stride, rows}, scratch);
-        wide.logits(q_rows, conv_tile, TileLogits{s_conv.data(), s_stride, rows}, scratch);
+        wide_bf16.logits(q_rows, conv_tile, TileLogits{s_conv.data(), s_stride, rows}, scratch);
         EXPECT_TRUE(SameOrBothNan(s_raw, s_conv))
             << ToString(dtype) << " head_dim " << head_dim << " rows " << rows;
         // PV with q's values as the weights (NaN codes make NaN in both).
@@ -523,7 +525,7 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
         acc_conv = acc_raw;
         const TileLogits p{q.data(), pad, rows};
         wide.pv(p, raw_tile, SoftmaxState{nullptr, nullptr, acc_raw.data(), pad}, scratch);
-        wide.pv(p, conv_tile, SoftmaxState{nullptr, nullptr, acc_conv.data(), pad}, scratch);
+        wide_bf16.pv(p, conv_tile, SoftmaxState{nullptr, nullptr, acc_conv.data(), pad}, scratch);
         EXPECT_TRUE(SameOrBothNan(acc_raw, acc_conv))
             << ToString(dtype) << " head_dim " << head_dim << " rows " << rows;
       }
@@ -555,15 +557,16 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
   };
   std::vector<Tile> tiles;
   for (DType dtype : {DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
-    tiles.push_back({dtype, &kAvx512WideDecode, Rounding::kF32});
+    tiles.push_back({dtype, Avx512WideDecode(dtype), Rounding::kF32});
   }
   if (HasAvx512Fp16()) {
-    tiles.push_back({DType::kF8E4M3FN, &kAvx512Fp16Decode, Rounding::kHalf});
-    tiles.push_back({DType::kF8E5M2, &kAvx512Fp16Decode, Rounding::kHalf});
+    for (DType dtype : {DType::kF8E4M3FN, DType::kF8E5M2}) {
+      tiles.push_back({dtype, Avx512Fp16Decode(dtype), Rounding::kHalf});
+    }
   }
   if (HasAvx512Bf16()) {
     for (DType dtype : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
-      tiles.push_back({dtype, &kAvx512Bf16Decode, Rounding::kBf16Pairs});
+      tiles.push_back({dtype, Avx512Bf16Decode(dtype), Rounding::kBf16Pairs});
     }
   }
   for (const auto [dtype, kernel_ptr, rounding] : tiles) {
@@ -612,7 +615,7 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
           std::vector<uint8_t> q_formatted(kRows * q_row_bytes);
           std::vector<float> unscale(kRows);
           for (int64_t r = 0; r < kRows; ++r) {
-            unscale[r] = kernel.prepare_q(dtype, &q[r * pad], head_dim, pad,
+            unscale[r] = kernel.prepare_q(&q[r * pad], head_dim, pad,
                                           q_formatted.data() + r * q_row_bytes);
           }
           ASSERT_TRUE(kernel.tile(QueryRows{q_formatted.data(), q_stride, rows, unscale.data()},
@@ -703,8 +706,9 @@ TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
         acc(kRows * kDim, 2.0f);
     m[0] = variant.m0;
     const std::vector<float> m_before = m, l_before = l, acc_before = acc;
-    EXPECT_FALSE(kAvx512WideDecode.tile(QueryRows{q.data(), kDim, kRows, nullptr}, tile, 1.0f,
-                                        SoftmaxState{m.data(), l.data(), acc.data(), kDim}))
+    EXPECT_FALSE(Avx512WideDecode(DType::kBF16)
+                     ->tile(QueryRows{q.data(), kDim, kRows, nullptr}, tile, 1.0f,
+                            SoftmaxState{m.data(), l.data(), acc.data(), kDim}))
         << variant.name;
     EXPECT_EQ(std::memcmp(m.data(), m_before.data(), sizeof(float) * kRows), 0) << variant.name;
     EXPECT_EQ(l, l_before) << variant.name;
@@ -719,7 +723,6 @@ TEST(KernelWideTest, DecodeTileDeclinesNonFinite) {
 // a tile whose largest logit is far from 0 (f16 would round it too much).
 TEST(KernelWideTest, HalfDecodeTileDeclines) {
   if (!HasAvx512Fp16()) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
-  const FusedTileKernel& half = kAvx512Fp16Decode;
   constexpr int64_t kRows = 4, kDim = 256, kTokens = 9;
   struct Variant {
     DType dtype;
@@ -736,11 +739,12 @@ TEST(KernelWideTest, HalfDecodeTileDeclines) {
       const std::vector<const uint8_t*> v_rows = RowPointers(v.data(), kTokens, kDim);
       KvTile tile = TestTile(variant.dtype, kDim, k_rows, 0, kTokens);
       tile.v = {v_rows.data(), 0, kTokens};
+      const FusedTileKernel& half = *Avx512Fp16Decode(variant.dtype);
       std::vector<float> q(kDim, 1.0f), m(kRows, 0.0f), l(kRows, 1.0f), acc(kRows * kDim, 2.0f);
       std::vector<uint16_t> q_half(kRows * kDim);
       std::vector<float> unscale(kRows);
       for (int64_t r = 0; r < kRows; ++r) {
-        unscale[r] = half.prepare_q(variant.dtype, q.data(), kDim, kDim, &q_half[r * kDim]);
+        unscale[r] = half.prepare_q(q.data(), kDim, kDim, &q_half[r * kDim]);
       }
       const std::vector<float> m_before = m, l_before = l, acc_before = acc;
       const std::string where = std::string(ToString(variant.dtype)) + (in_v ? " V" : " K") +
@@ -758,11 +762,12 @@ TEST(KernelWideTest, HalfDecodeTileDeclines) {
     std::vector<uint8_t> kv(kTokens * kDim, 0x30);
     const std::vector<const uint8_t*> rows = RowPointers(kv.data(), kTokens, kDim);
     const KvTile tile = TestTile(DType::kF8E4M3FN, kDim, rows, 0, kTokens);
+    const FusedTileKernel& half = *Avx512Fp16Decode(DType::kF8E4M3FN);
     std::vector<float> q(kDim, 1.0f), m(kRows, 0.0f), l(kRows, 1.0f), acc(kRows * kDim, 2.0f);
     std::vector<uint16_t> q_half(kRows * kDim);
     std::vector<float> unscale(kRows);
     for (int64_t r = 0; r < kRows; ++r) {
-      unscale[r] = half.prepare_q(DType::kF8E4M3FN, q.data(), kDim, kDim, &q_half[r * kDim]);
+      unscale[r] = half.prepare_q(q.data(), kDim, kDim, &q_half[r * kDim]);
     }
     const std::vector<float> m_before = m, l_before = l, acc_before = acc;
     EXPECT_FALSE(half.tile(QueryRows{q_half.data(), kDim, kRows, unscale.data()}, tile,
@@ -778,7 +783,6 @@ TEST(KernelWideTest, HalfDecodeTileDeclines) {
 // decline and matches the f32 tile.
 TEST(KernelWideTest, HalfDecodeTileTakesTheLargestCodes) {
   if (!HasAvx512Fp16()) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
-  const FusedTileKernel& half = kAvx512Fp16Decode;
   constexpr int64_t kRows = 4, kDim = 256, kTokens = 32;
   // The logit scales keep the logits (1.3 and 4.4) below kHalfMaxLogit.
   for (const auto& [dtype, largest, scale] :
@@ -787,11 +791,12 @@ TEST(KernelWideTest, HalfDecodeTileTakesTheLargestCodes) {
     std::vector<uint8_t> kv(kTokens * kDim, largest);
     const std::vector<const uint8_t*> rows = RowPointers(kv.data(), kTokens, kDim);
     const KvTile tile = TestTile(dtype, kDim, rows, 0, kTokens);
+    const FusedTileKernel& half = *Avx512Fp16Decode(dtype);
     std::vector<float> q(kDim, 3.0f), q_eo(kDim, 3.0f);
     std::vector<uint16_t> q_half(kRows * kDim);
     std::vector<float> unscale(kRows);
     for (int64_t r = 0; r < kRows; ++r) {
-      unscale[r] = half.prepare_q(dtype, q.data(), kDim, kDim, &q_half[r * kDim]);
+      unscale[r] = half.prepare_q(q.data(), kDim, kDim, &q_half[r * kDim]);
     }
     std::vector<float> m(kRows, -std::numeric_limits<float>::infinity()), l(kRows, 0.0f);
     std::vector<float> acc(kRows * kDim, 0.0f);
@@ -799,9 +804,10 @@ TEST(KernelWideTest, HalfDecodeTileTakesTheLargestCodes) {
     ASSERT_TRUE(half.tile(QueryRows{q_half.data(), kDim, kRows, unscale.data()}, tile, scale,
                           SoftmaxState{m.data(), l.data(), acc.data(), kDim}))
         << ToString(dtype);
-    ASSERT_TRUE(kAvx512WideDecode.tile(QueryRows{q_eo.data(), 0, kRows, nullptr}, tile, scale,
-                                       SoftmaxState{m_wide.data(), l_wide.data(),
-                                                    acc_wide.data(), kDim}));
+    ASSERT_TRUE(Avx512WideDecode(dtype)->tile(QueryRows{q_eo.data(), 0, kRows, nullptr}, tile,
+                                              scale,
+                                              SoftmaxState{m_wide.data(), l_wide.data(),
+                                                           acc_wide.data(), kDim}));
     for (int64_t r = 0; r < kRows; ++r) {
       EXPECT_NEAR(m[r], m_wide[r], 4e-3 * std::fabs(m_wide[r])) << ToString(dtype);
       EXPECT_NEAR(l[r], l_wide[r], 1e-3 * l_wide[r]) << ToString(dtype);
@@ -872,7 +878,7 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     EXPECT_EQ(report(DType::kBF16, middle, false, DType::kBF16), "middle: avx512_wide");
   }
   if (DetectedCpuFeatures().avx512bf16) {
-    ScopedAmxEmulation emulate;
+    testing::ScopedAmxEmulation emulate;
     EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16),
               "prefill: amx_prefill (emulated)");
     EXPECT_EQ(report(DType::kI8, prefill, false, DType::kBF16),
@@ -914,11 +920,13 @@ TEST(KernelDispatchTest, EveryRecordIsReachable) {
   const DType kv_dtypes[] = {DType::kF32,      DType::kBF16,   DType::kF16,
                              DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8};
   int reached = 0, unreachable_here = 0;
+  { testing::ScopedAmxEmulation install; }  // Its record joins the list (testing/).
   for (const KernelRecord& record : KernelRecords()) {
     ASSERT_TRUE((record.products != nullptr) != (record.fused != nullptr)) << record.name;
     bool found = false, cpu_ever = false;
     for (int m = 0; m < 2 * static_cast<int>(masks.size()); ++m) {
-      std::optional<ScopedAmxEmulation> emulate;  // Each mask without, then with, the tile model.
+      // Each mask without, then with, the tile model.
+      std::optional<testing::ScopedAmxEmulation> emulate;
       if (m % 2 == 1 && DetectedCpuFeatures().avx512bf16) emulate.emplace();
       ScopedCpuFeatureMask scoped(masks[m / 2]);
       const CpuFeatures cpu = UsableCpuFeatures();
@@ -932,9 +940,12 @@ TEST(KernelDispatchTest, EveryRecordIsReachable) {
             const KernelChoice choice = ChooseKernels(problem, cpu);
             const TaskKernels& chosen = choice.For(static_cast<TaskClass>(c));
             const std::string described = chosen.Describe();
-            found = record.products != nullptr
-                        ? chosen.products == record.products()
-                        : chosen.fused[0] == record.fused || chosen.fused[1] == record.fused;
+            if (record.products != nullptr) {
+              found = chosen.products == record.products(kv);
+            } else {
+              const FusedTileKernel* tile = record.fused(kv);  // Null: not of its dtypes.
+              found = tile != nullptr && (chosen.fused[0] == tile || chosen.fused[1] == tile);
+            }
             if (found) {
               EXPECT_NE(described.find(record.name), std::string::npos) << described;
               EXPECT_TRUE(Meets(record, problem, static_cast<TaskClass>(c), cpu)) << record.name;
@@ -954,6 +965,25 @@ TEST(KernelDispatchTest, EveryRecordIsReachable) {
   RecordProperty("records_unreachable_on_this_cpu", unreachable_here);
 }
 
+// A record's kernel has an instance for each K/V dtype its needs name and
+// none for the others, every instance under the record's name: dispatch
+// takes the instance once per plan, and the table's rows read the name.
+TEST(KernelDispatchTest, EveryRecordHasAnInstancePerDtype) {
+  for (const KernelRecord& record : KernelRecords()) {
+    for (DType kv : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2,
+                     DType::kI8}) {
+      const bool taken = ((record.needs.kv_dtypes >> static_cast<int>(kv)) & 1u) != 0;
+      const ProductKernel* products = record.products ? record.products(kv) : nullptr;
+      const FusedTileKernel* tile = record.fused ? record.fused(kv) : nullptr;
+      const char* name = products ? products->name : tile ? tile->name : nullptr;
+      EXPECT_EQ(name != nullptr, taken) << record.name << " " << ToString(kv);
+      if (name != nullptr) {
+        EXPECT_STREQ(name, record.name) << ToString(kv);
+      }
+    }
+  }
+}
+
 // The public description names the features, AMX's status and each class's
 // kernels, as dispatch chooses them on this thread.
 TEST(KernelDispatchTest, DescribeKernelsNamesEveryClass) {
@@ -970,7 +1000,7 @@ TEST(KernelDispatchTest, DescribeKernelsNamesEveryClass) {
               std::string::npos);
   }
   if (!DetectedCpuFeatures().avx512bf16) return;
-  ScopedAmxEmulation emulate;
+  testing::ScopedAmxEmulation emulate;
   EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("prefill: amx_prefill (emulated)"),
             std::string::npos)
       << rpa::DescribeKernels(DType::kBF16);

@@ -1,83 +1,19 @@
-// The AMX prefill kernel: both products of a prefill task on Intel AMX
-// tiles, bf16 in, f32 accumulation (amx.h has the tile programs).
-//
-// Arithmetic: per KV tile, K is packed once into the VNNI pair layout
-// ([RoundUp(head_dim, 32) / 2][RoundUp(n, 32)][2] bf16; fp8 and int8
-// converted exactly, e4m3fn at its true value) and every 16-row block of q
-// [rows, dim_pad] bf16 multiplies it: S = Q K^T in f32 (tdpbf16ps). The
-// task loop's softmax (AVX-512) turns S into f32 weights; they are rounded
-// to bf16 in place, as flash attention does on GPUs, V is packed in pairs of
-// keys ([RoundUp(n, 32) / 2][RoundUp(head_dim, 16)][2]) and acc += P V in
-// f32. The error over the f32 path is the weights' bf16 rounding (2^-9
-// relative each; the LSE sums the unrounded weights) and q's for non-bf16 q
-// (dispatch gives this kernel bf16 q only).
-//
-// Shapes: rows padded to 16 in scratch (kRowAlign): tiles always have 16
-// rows, padding rows are computed and never used. The packed K and V take
-// TileScratch::packed (one after the other: PV packs V over the logits' K);
-// the bf16 weights overwrite their own f32 logits row by row.
-//
-// Dispatch chooses it for the prefill class (>= kPackedMinRows rows per kv
-// head) with bf16 q where the CPU has AMX and RPA_AMX=1 (dispatch.h: not
-// yet measured on AMX hardware), and its emulated twin under a test's
-// ScopedAmxEmulation.
+// The AMX prefill kernel on the hardware's tiles (amx_prefill.h).
 #include "kernel/amx_prefill.h"
 
 #if defined(__x86_64__)
-#include <cstring>
-
-#include "kernel/amx.h"
-#include "rpa/dtype.h"
-
 namespace rpa::internal {
 namespace {
 
-template <AmxBackend kBackend>
-void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
-            const TileScratch& scratch) {
-  if (q.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* k_packed = PackTileKeys(tile, scratch);
-  AmxLogitsArgs args;
-  args.q = static_cast<const uint16_t*>(q.data);
-  args.q_stride = q.stride;
-  args.rows = q.rows;
-  args.k_packed = k_packed;
-  args.n = tile.n;
-  args.head_dim = tile.head_dim;
-  args.s = s.s;
-  args.s_stride = s.stride;
-  AmxLogits(args, kBackend);
-}
-
-template <AmxBackend kBackend>
-void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
-        const TileScratch& scratch) {
-  if (p.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* v_packed = PackTileValues(tile, scratch);
-  const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
-  AmxPvBf16Args args;
-  args.p_bf16 = weights;
-  args.p_stride = AmxRoundUp(tile.n, kAmxKeyAlign);
-  args.rows = p.rows;
-  args.v_packed = v_packed;
-  args.n = tile.n;
-  args.head_dim = tile.head_dim;
-  args.acc = state.acc;
-  args.acc_stride = state.stride;
-  AmxPvBf16(args, kBackend);
-}
+struct HardwareTiles {
+  static constexpr const char* kName = "amx_prefill";
+  static void Logits(const AmxLogitsArgs& args) { AmxLogits(args); }
+  static void PvBf16(const AmxPvBf16Args& args) { AmxPvBf16(args); }
+};
 
 }  // namespace
 
-const ProductKernel kAmxPrefill = {
-    "amx_prefill",      QueryFormat::kBf16,    PrepareBf16Row,
-    AccOrder::kNatural, /*e4m3_scaled=*/false, Logits<AmxBackend::kHardware>,
-    Pv<AmxBackend::kHardware>};
-
-const ProductKernel kAmxPrefillEmulated = {
-    "amx_prefill (emulated)", QueryFormat::kBf16,    PrepareBf16Row,
-    AccOrder::kNatural,       /*e4m3_scaled=*/false, Logits<AmxBackend::kEmulated>,
-    Pv<AmxBackend::kEmulated>};
+const ProductKernel* AmxPrefill(DType kv_dtype) { return AmxPrefillOn<HardwareTiles>(kv_dtype); }
 
 }  // namespace rpa::internal
 

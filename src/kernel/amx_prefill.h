@@ -1,18 +1,86 @@
-// The AMX prefill kernel (amx_prefill.cc). x86-64 only.
+// The AMX prefill kernel: both products of a prefill task on Intel AMX
+// tiles, bf16 in, f32 accumulation (amx.h has the products, bf16_pairs.h the
+// packs).
+//
+// Arithmetic: per KV tile, K is packed once into the VNNI pair layout
+// ([RoundUp(head_dim, 32) / 2][RoundUp(n, 32)][2] bf16; fp8 and int8
+// converted exactly, e4m3fn at its true value) and every 16-row block of q
+// [rows, dim_pad] bf16 multiplies it: S = Q K^T in f32 (tdpbf16ps). The
+// task loop's softmax (AVX-512) turns S into f32 weights; they are rounded
+// to bf16 in place, as flash attention does on GPUs, V is packed in pairs of
+// keys ([RoundUp(n, 32) / 2][RoundUp(head_dim, 16)][2]) and acc += P V in
+// f32. The error over the f32 path is the weights' bf16 rounding (2^-9
+// relative each; the LSE sums the unrounded weights) and q's for non-bf16 q
+// (dispatch gives this kernel bf16 q only).
+//
+// Shapes: rows padded to 16 in scratch (kRowAlign): tiles always have 16
+// rows, padding rows are computed and never used. The packed K and V take
+// TileScratch::packed (one after the other: PV packs V over the logits' K);
+// the bf16 weights overwrite their own f32 logits row by row.
+//
+// Dispatch chooses it for the prefill class (>= kPackedMinRows rows per kv
+// head) with bf16 q where the CPU has AMX and RPA_AMX=1 (dispatch.h: not
+// yet measured on AMX hardware), and its twin on the scalar tile model
+// (testing/amx_emulation.h) under a test's ScopedAmxEmulation. x86-64 only.
 #ifndef RPA_SRC_KERNEL_AMX_PREFILL_H_
 #define RPA_SRC_KERNEL_AMX_PREFILL_H_
 
 #include "kernel/tile_kernel.h"
 
 #if defined(__x86_64__)
+#include "kernel/amx.h"
+#include "kernel/bf16_pairs.h"
+#include "rpa/dtype.h"
+
 namespace rpa::internal {
 
-// Products on Intel AMX bf16 tiles for bf16 q over bf16, fp8 and int8 K/V;
-// q in kBf16, accumulators kNatural. Needs CpuFeatures::amx_bf16.
-extern const ProductKernel kAmxPrefill;
-// The same tile programs on the scalar tile model (amx.h's kEmulated
-// backend): what tests run where the CPU has no AMX.
-extern const ProductKernel kAmxPrefillEmulated;
+// Products on the hardware's AMX bf16 tiles for bf16 q over K/V of kv_dtype
+// (bf16, fp8 or int8; null for any other); q in kBf16, accumulators
+// kNatural. Needs CpuFeatures::amx_bf16.
+const ProductKernel* AmxPrefill(DType kv_dtype);
+
+// The same kernel over another tile unit's products: Unit has static
+// Logits(const AmxLogitsArgs&) and PvBf16(const AmxPvBf16Args&) as amx.h's,
+// and kName, the kernel's name. AmxPrefill's unit is the hardware; the
+// scalar tile model's twin is testing/amx_emulation.cc's.
+template <class Unit>
+const ProductKernel* AmxPrefillOn(DType kv_dtype);
+
+namespace amx_prefill {
+
+template <class Unit, DType kDtype>
+void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
+            const TileScratch& scratch) {
+  if (q.rows <= 0 || tile.n <= 0) return;
+  const uint16_t* k_packed = TilePacks<kDtype>::Keys(tile, scratch);
+  Unit::Logits({static_cast<const uint16_t*>(q.data), q.stride, q.rows, k_packed, tile.n,
+                tile.head_dim, s.s, s.stride});
+}
+
+template <class Unit, DType kDtype>
+void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
+        const TileScratch& scratch) {
+  if (p.rows <= 0 || tile.n <= 0) return;
+  const uint16_t* v_packed = TilePacks<kDtype>::Values(tile, scratch);
+  const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
+  Unit::PvBf16({weights, AmxRoundUp(tile.n, kAmxKeyAlign), p.rows, v_packed, tile.n,
+                tile.head_dim, state.acc, state.stride});
+}
+
+template <class Unit, DType kDtype>
+constexpr ProductKernel kKernel = {Unit::kName,          QueryFormat::kBf16,
+                                   PrepareBf16Row,       AccOrder::kNatural,
+                                   /*e4m3_scaled=*/false, Logits<Unit, kDtype>,
+                                   Pv<Unit, kDtype>};
+
+}  // namespace amx_prefill
+
+template <class Unit>
+const ProductKernel* AmxPrefillOn(DType kv_dtype) {
+  return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2,
+                          DType::kI8>(
+      kv_dtype, []<DType kDtype>() { return &amx_prefill::kKernel<Unit, kDtype>; });
+}
 
 }  // namespace rpa::internal
 #endif  // __x86_64__

@@ -2,7 +2,7 @@
 // of bf16 multiplied and summed into f32 lanes) on tiles packed once.
 //
 // Arithmetic: per KV tile, K is packed into dimension pairs and V into key
-// pairs, exactly as the AMX kernel packs them (amx.h's AmxPackKeys /
+// pairs, exactly as the AMX kernel packs them (bf16_pairs.h's AmxPackKeys /
 // AmxPackValues, AVX-512 BF16 code; fp8 and int8 exact, e4m3fn at its true
 // value). Logits: per pair of dims, one load of 16 keys' pairs and a
 // broadcast of each row's q pair feed one vdpbf16ps per row and 16 keys;
@@ -27,8 +27,8 @@
 #include "kernel/avx512_bf16_packed.h"
 
 #if defined(__x86_64__)
-#include "kernel/amx.h"
 #include "kernel/avx512_common.h"
+#include "kernel/bf16_pairs.h"
 
 namespace rpa::internal {
 namespace {
@@ -91,10 +91,11 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void ForEachRowBloc
   }
 }
 
+template <DType kDtype>
 RPA_AVX512_BF16_TARGET void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* kp = PackTileKeys(tile, scratch);
+  const uint16_t* kp = TilePacks<kDtype>::Keys(tile, scratch);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   ForEachRowBlock(q.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
     LogitsBlockArgs a{static_cast<const uint16_t*>(q.data) + r * q.stride,
@@ -149,10 +150,11 @@ RPA_AVX512_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
   }
 }
 
+template <DType kDtype>
 RPA_AVX512_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
                         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* vp = PackTileValues(tile, scratch);
+  const uint16_t* vp = TilePacks<kDtype>::Values(tile, scratch);
   const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   const int64_t d16 = AmxRoundUp(tile.head_dim, kAmxVDimAlign);
@@ -163,11 +165,17 @@ RPA_AVX512_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const So
   });
 }
 
+template <DType kDtype>
+constexpr ProductKernel kPacked = {
+    "avx512_bf16_packed", QueryFormat::kBf16,    PrepareBf16Row, AccOrder::kNatural,
+    /*e4m3_scaled=*/false,  Logits<kDtype>,        Pv<kDtype>};
+
 }  // namespace
 
-const ProductKernel kAvx512Bf16Packed = {
-    "avx512_bf16_packed", QueryFormat::kBf16,    PrepareBf16Row, AccOrder::kNatural,
-    /*e4m3_scaled=*/false,  Logits,                Pv};
+const ProductKernel* Avx512Bf16Packed(DType kv_dtype) {
+  return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2,
+                          DType::kI8>(kv_dtype, []<DType kDtype>() { return &kPacked<kDtype>; });
+}
 
 }  // namespace rpa::internal
 

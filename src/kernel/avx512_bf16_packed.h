@@ -8,9 +8,9 @@
 namespace rpa::internal {
 
 // Products by vdpbf16ps over K and V packed in bf16 pairs, for bf16 q over
-// bf16, fp8 and int8 K/V; q in kBf16, accumulators kNatural. Needs
-// CpuFeatures::avx512bf16.
-extern const ProductKernel kAvx512Bf16Packed;
+// K/V of kv_dtype (bf16, fp8 or int8; null for any other); q in kBf16,
+// accumulators kNatural. Needs CpuFeatures::avx512bf16.
+const ProductKernel* Avx512Bf16Packed(DType kv_dtype);
 
 }  // namespace rpa::internal
 #endif  // __x86_64__

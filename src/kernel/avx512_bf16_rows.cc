@@ -262,8 +262,8 @@ PairPvPass PassOver(const KvTile& tile, const SoftmaxState& state, const Fp8Lut*
 
 template <Source kSource>
 RPA_AVX512_BF16_TARGET void LogitsImpl(const QueryRows& q, const KvTile& tile,
-                                       const TileLogits& s) {
-  const Fp8Lut lut = LoadLut(kSource == Source::kFp8 ? Fp8TableOf(tile.dtype, false) : nullptr);
+                                       const TileLogits& s, const Fp8Table* table) {
+  const Fp8Lut lut = LoadLut(table);
   ForEachLogitsBlock(q.rows, tile, [&]<int kRows, int kTokens>(int64_t r, int64_t t)
                                        RPA_AVX512_BF16_TARGET {
     PairLogitsBlock<kRows, kTokens, kSource>(q, tile, r, t, s, lut);
@@ -272,8 +272,8 @@ RPA_AVX512_BF16_TARGET void LogitsImpl(const QueryRows& q, const KvTile& tile,
 
 template <Source kSource>
 RPA_AVX512_BF16_TARGET void PvImpl(const TileLogits& p, const KvTile& tile,
-                                   const SoftmaxState& state) {
-  const Fp8Lut lut = LoadLut(kSource == Source::kFp8 ? Fp8TableOf(tile.dtype, false) : nullptr);
+                                   const SoftmaxState& state, const Fp8Table* table) {
+  const Fp8Lut lut = LoadLut(table);
   RowWeightsToBf16(p, tile.n);
   PairPvPass a = PassOver(tile, state, &lut);
   a.w = reinterpret_cast<const uint16_t*>(p.s);
@@ -283,8 +283,9 @@ RPA_AVX512_BF16_TARGET void PvImpl(const TileLogits& p, const KvTile& tile,
 
 template <Source kSource>
 RPA_AVX512_BF16_TARGET bool DecodeTileImpl(const QueryRows& q_rows, const KvTile& tile,
-                                           float logit_scale, const SoftmaxState& state) {
-  const Fp8Lut lut = LoadLut(kSource == Source::kFp8 ? Fp8TableOf(tile.dtype, false) : nullptr);
+                                           float logit_scale, const SoftmaxState& state,
+                                           const Fp8Table* table) {
+  const Fp8Lut lut = LoadLut(table);
   const __m512 scale = _mm512_set1_ps(logit_scale);
   const int64_t rows = q_rows.rows;
   const uint16_t* q[4];
@@ -310,40 +311,57 @@ RPA_AVX512_BF16_TARGET bool DecodeTileImpl(const QueryRows& q_rows, const KvTile
   return true;
 }
 
-bool IsFp8(DType dtype) { return dtype == DType::kF8E4M3FN || dtype == DType::kF8E5M2; }
+// The instances for K/V of kDtype: bf16 read as is, 8-bit floats through
+// their exact table (e4m3fn at its true value).
+template <DType kDtype>
+constexpr Source kSourceOf = kDtype == DType::kBF16 ? Source::kBf16 : Source::kFp8;
 
+template <DType kDtype>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& /*scratch*/) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  IsFp8(tile.dtype) ? LogitsImpl<Source::kFp8>(q, tile, s) : LogitsImpl<Source::kBf16>(q, tile, s);
+  LogitsImpl<kSourceOf<kDtype>>(q, tile, s, Fp8TableOf(kDtype, /*e4m3_scaled=*/false));
 }
 
+template <DType kDtype>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& /*scratch*/) {
   if (p.rows <= 0 || tile.n <= 0) return;
-  IsFp8(tile.dtype) ? PvImpl<Source::kFp8>(p, tile, state)
-                    : PvImpl<Source::kBf16>(p, tile, state);
+  PvImpl<kSourceOf<kDtype>>(p, tile, state, Fp8TableOf(kDtype, /*e4m3_scaled=*/false));
 }
 
+template <DType kDtype>
 bool DecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
                 const SoftmaxState& state) {
-  return IsFp8(tile.dtype) ? DecodeTileImpl<Source::kFp8>(q, tile, logit_scale, state)
-                           : DecodeTileImpl<Source::kBf16>(q, tile, logit_scale, state);
+  return DecodeTileImpl<kSourceOf<kDtype>>(q, tile, logit_scale, state,
+                                           Fp8TableOf(kDtype, /*e4m3_scaled=*/false));
 }
+
+template <DType kDtype>
+constexpr ProductKernel kRows = {"avx512_bf16_rows",    QueryFormat::kBf16,
+                                 PrepareBf16Row,        AccOrder::kPairInterleaved,
+                                 /*e4m3_scaled=*/false, Logits<kDtype>,
+                                 Pv<kDtype>};
+
+template <DType kDtype>
+constexpr FusedTileKernel kDecode = {
+    "avx512_bf16_decode", QueryFormat::kBf16, PrepareBf16Row, AccOrder::kPairInterleaved,
+    /*e4m3_scaled=*/false,
+    // Computes 4 rows whatever the group: below 3 the unfused products cost less.
+    /*min_rows=*/3, DecodeTile<kDtype>};
 
 }  // namespace
 }  // namespace avx512
 
-const ProductKernel kAvx512Bf16Rows = {"avx512_bf16_rows",  QueryFormat::kBf16,
-                                       PrepareBf16Row,      AccOrder::kPairInterleaved,
-                                       /*e4m3_scaled=*/false, avx512::Logits,
-                                       avx512::Pv};
+const ProductKernel* Avx512Bf16Rows(DType kv_dtype) {
+  return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2>(
+      kv_dtype, []<DType kDtype>() { return &avx512::kRows<kDtype>; });
+}
 
-const FusedTileKernel kAvx512Bf16Decode = {
-    "avx512_bf16_decode", QueryFormat::kBf16, PrepareBf16Row, AccOrder::kPairInterleaved,
-    /*e4m3_scaled=*/false,
-    // Computes 4 rows whatever the group: below 3 the unfused products cost less.
-    /*min_rows=*/3, avx512::DecodeTile};
+const FusedTileKernel* Avx512Bf16Decode(DType kv_dtype) {
+  return KernelForKvDtype<FusedTileKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2>(
+      kv_dtype, []<DType kDtype>() { return &avx512::kDecode<kDtype>; });
+}
 
 }  // namespace rpa::internal
 

@@ -9,11 +9,12 @@
 #if defined(__x86_64__)
 namespace rpa::internal {
 
-// Unfused products over bf16, e4m3fn or e5m2 K/V with bf16 q (kBf16);
-// accumulators kPairInterleaved. Needs CpuFeatures::avx512bf16.
-extern const ProductKernel kAvx512Bf16Rows;
+// Unfused products over K/V of kv_dtype (bf16, e4m3fn or e5m2; null for any
+// other) with bf16 q (kBf16); accumulators kPairInterleaved. Needs
+// CpuFeatures::avx512bf16.
+const ProductKernel* Avx512Bf16Rows(DType kv_dtype);
 // The fused decode tile of the same arithmetic (min_rows 3).
-extern const FusedTileKernel kAvx512Bf16Decode;
+const FusedTileKernel* Avx512Bf16Decode(DType kv_dtype);
 
 }  // namespace rpa::internal
 #endif  // __x86_64__

@@ -331,27 +331,27 @@ RPA_AVX512_TARGET bool HalfDecodeTileImpl(const QueryRows& q_rows, const KvTile&
   return true;
 }
 
-bool HalfDecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
-                    const SoftmaxState& state) {
-  return tile.dtype == DType::kF8E5M2 ? HalfDecodeTileImpl<true>(q, tile, logit_scale, state)
-                                      : HalfDecodeTileImpl<false>(q, tile, logit_scale, state);
+template <bool kE5m2>
+float PrepareHalf(const float* q, int64_t head_dim, int64_t /*dim_pad*/, void* out) {
+  return QRowToHalfImpl<kE5m2>(q, head_dim, static_cast<uint16_t*>(out));
 }
 
-float PrepareHalf(DType kv_dtype, const float* q, int64_t head_dim, int64_t /*dim_pad*/,
-                  void* out) {
-  uint16_t* dst = static_cast<uint16_t*>(out);
-  return kv_dtype == DType::kF8E5M2 ? QRowToHalfImpl<true>(q, head_dim, dst)
-                                    : QRowToHalfImpl<false>(q, head_dim, dst);
-}
+// The instance for e4m3fn (kE5m2 false) or e5m2 K/V.
+template <bool kE5m2>
+constexpr FusedTileKernel kHalfDecode = {
+    "avx512fp16_decode", QueryFormat::kHalf, PrepareHalf<kE5m2>, AccOrder::kEvenOdd,
+    /*e4m3_scaled=*/true,
+    // Cheaper than the unfused products for any group, even computing 4 rows.
+    /*min_rows=*/1, HalfDecodeTileImpl<kE5m2>};
 
 }  // namespace
 }  // namespace avx512
 
-const FusedTileKernel kAvx512Fp16Decode = {
-    "avx512fp16_decode", QueryFormat::kHalf, avx512::PrepareHalf, AccOrder::kEvenOdd,
-    /*e4m3_scaled=*/true,
-    // Cheaper than the unfused products for any group, even computing 4 rows.
-    /*min_rows=*/1, avx512::HalfDecodeTile};
+const FusedTileKernel* Avx512Fp16Decode(DType kv_dtype) {
+  return KernelForKvDtype<FusedTileKernel, DType::kF8E4M3FN, DType::kF8E5M2>(
+      kv_dtype,
+      []<DType kDtype>() { return &avx512::kHalfDecode<kDtype == DType::kF8E5M2>; });
+}
 
 }  // namespace rpa::internal
 

@@ -8,10 +8,11 @@
 #if defined(__x86_64__)
 namespace rpa::internal {
 
-// A fused decode tile over e4m3fn or e5m2 K/V, q in kHalf (its prepare_q
-// stores an f32 row as f16 scaled by a power of 2 and returns the factor
-// that undoes it), accumulators kEvenOdd. Needs CpuFeatures::avx512fp16.
-extern const FusedTileKernel kAvx512Fp16Decode;
+// A fused decode tile over K/V of kv_dtype (e4m3fn or e5m2; null for any
+// other), q in kHalf (its prepare_q stores an f32 row as f16 scaled by a
+// power of 2 and returns the factor that undoes it), accumulators kEvenOdd.
+// Needs CpuFeatures::avx512fp16.
+const FusedTileKernel* Avx512Fp16Decode(DType kv_dtype);
 
 }  // namespace rpa::internal
 #endif  // __x86_64__

@@ -260,35 +260,48 @@ void WidePvAllRows(const PvPass& a, int64_t rows) {
 // scratch rows instead and the bf16 loops run.
 inline constexpr int64_t kMaxRowsConvertingInLoops = 8;
 
+// The instances for K/V of kDtype: bf16 and f16 widened as they are, 8-bit
+// floats through their table (e4m3fn times 2^-8).
+template <DType kDtype>
+constexpr Code kCodeOf = kDtype == DType::kBF16  ? Code::kBf16
+                         : kDtype == DType::kF16 ? Code::kF16
+                                                 : Code::kFp8;
+
+template <DType kDtype>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  if (tile.dtype == DType::kF16) return WideLogitsRows<Code::kF16>(q, tile.k, tile, s, nullptr);
-  const Fp8Table* table = Fp8TableOf(tile.dtype, /*e4m3_scaled=*/true);
-  if (table == nullptr) return WideLogitsRows<Code::kBf16>(q, tile.k, tile, s, nullptr);
-  if (q.rows <= kMaxRowsConvertingInLoops) {
-    return WideLogitsRows<Code::kFp8>(q, tile.k, tile, s, table);
+  if constexpr (kCodeOf<kDtype> != Code::kFp8) {
+    WideLogitsRows<kCodeOf<kDtype>>(q, tile.k, tile, s, nullptr);
+  } else {
+    const Fp8Table* table = Fp8TableOf(kDtype, /*e4m3_scaled=*/true);
+    if (q.rows <= kMaxRowsConvertingInLoops) {
+      return WideLogitsRows<Code::kFp8>(q, tile.k, tile, s, table);
+    }
+    Fp8RowsToBf16Impl(*table, tile.k, tile.n, tile.head_dim, scratch);
+    WideLogitsRows<Code::kBf16>(q, KvRows{scratch.converted, 0, tile.n}, tile, s, nullptr);
   }
-  Fp8RowsToBf16Impl(*table, tile.k, tile.n, tile.head_dim, scratch);
-  WideLogitsRows<Code::kBf16>(q, KvRows{scratch.converted, 0, tile.n}, tile, s, nullptr);
 }
 
+template <DType kDtype>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& scratch) {
   if (tile.n <= 0) return;
   PvPass a = PassOver(tile, state);
   a.p = p.s;
   a.p_stride = p.stride;
-  if (tile.dtype == DType::kF16) return WidePvAllRows<Code::kF16>(a, p.rows);
-  const Fp8Table* table = Fp8TableOf(tile.dtype, /*e4m3_scaled=*/true);
-  if (table == nullptr) return WidePvAllRows<Code::kBf16>(a, p.rows);
-  if (p.rows <= kMaxRowsConvertingInLoops) {
-    a.table = table;
-    return WidePvAllRows<Code::kFp8>(a, p.rows);
+  if constexpr (kCodeOf<kDtype> != Code::kFp8) {
+    WidePvAllRows<kCodeOf<kDtype>>(a, p.rows);
+  } else {
+    const Fp8Table* table = Fp8TableOf(kDtype, /*e4m3_scaled=*/true);
+    if (p.rows <= kMaxRowsConvertingInLoops) {
+      a.table = table;
+      return WidePvAllRows<Code::kFp8>(a, p.rows);
+    }
+    Fp8RowsToBf16Impl(*table, tile.v, tile.n, tile.head_dim, scratch);
+    a.v = KvRows{scratch.converted, 0, tile.n};
+    WidePvAllRows<Code::kBf16>(a, p.rows);
   }
-  Fp8RowsToBf16Impl(*table, tile.v, tile.n, tile.head_dim, scratch);
-  a.v = KvRows{scratch.converted, 0, tile.n};
-  WidePvAllRows<Code::kBf16>(a, p.rows);
 }
 
 template <Code kCode>
@@ -316,43 +329,54 @@ RPA_AVX512_TARGET bool WideDecodeTileImpl(const QueryRows& q_rows, const KvTile&
   return true;
 }
 
+template <DType kDtype>
 bool DecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
                 const SoftmaxState& state) {
-  if (tile.dtype == DType::kF16) {
-    return WideDecodeTileImpl<Code::kF16>(q, tile, logit_scale, state, nullptr);
-  }
-  const Fp8Table* table = Fp8TableOf(tile.dtype, /*e4m3_scaled=*/true);
-  return table != nullptr ? WideDecodeTileImpl<Code::kFp8>(q, tile, logit_scale, state, table)
-                          : WideDecodeTileImpl<Code::kBf16>(q, tile, logit_scale, state, nullptr);
+  return WideDecodeTileImpl<kCodeOf<kDtype>>(q, tile, logit_scale, state,
+                                             Fp8TableOf(kDtype, /*e4m3_scaled=*/true));
 }
 
 // q row -> kF32EvenOdd.
-float PrepareEvenOdd(DType /*kv_dtype*/, const float* q, int64_t /*head_dim*/, int64_t dim_pad,
-                     void* out) {
+float PrepareEvenOdd(const float* q, int64_t /*head_dim*/, int64_t dim_pad, void* out) {
   float* dst = static_cast<float*>(out);
   for (int64_t d = 0; d < dim_pad; ++d) dst[WideQIndex(d)] = q[d];
   return 1.0f;
 }
+
+template <DType kDtype>
+constexpr ProductKernel kWide = {"avx512_wide",        QueryFormat::kF32EvenOdd,
+                                 PrepareEvenOdd,       AccOrder::kEvenOdd,
+                                 /*e4m3_scaled=*/true, Logits<kDtype>,
+                                 Pv<kDtype>};
+
+template <DType kDtype>
+constexpr FusedTileKernel kWideDecode = {
+    "avx512_wide_decode", QueryFormat::kF32EvenOdd, PrepareEvenOdd, AccOrder::kEvenOdd,
+    /*e4m3_scaled=*/true,
+    // Computes 4 rows whatever the group: below 3 the unfused products cost less.
+    /*min_rows=*/3, DecodeTile<kDtype>};
 
 }  // namespace
 }  // namespace avx512
 
 KvRows Fp8RowsToBf16(DType dtype, const KvRows& rows, int64_t n, int64_t head_dim,
                      const TileScratch& scratch) {
-  avx512::Fp8RowsToBf16Impl(*avx512::Fp8TableOf(dtype, /*e4m3_scaled=*/true), rows, n, head_dim, scratch);
+  avx512::Fp8RowsToBf16Impl(*avx512::Fp8TableOf(dtype, /*e4m3_scaled=*/true), rows, n, head_dim,
+                            scratch);
   return KvRows{scratch.converted, 0, n};
 }
 
-const ProductKernel kAvx512Wide = {"avx512_wide",      QueryFormat::kF32EvenOdd,
-                                   avx512::PrepareEvenOdd, AccOrder::kEvenOdd,
-                                   /*e4m3_scaled=*/true, avx512::Logits,
-                                   avx512::Pv};
+const ProductKernel* Avx512Wide(DType kv_dtype) {
+  return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF16, DType::kF8E4M3FN,
+                          DType::kF8E5M2>(kv_dtype,
+                                          []<DType kDtype>() { return &avx512::kWide<kDtype>; });
+}
 
-const FusedTileKernel kAvx512WideDecode = {
-    "avx512_wide_decode", QueryFormat::kF32EvenOdd, avx512::PrepareEvenOdd, AccOrder::kEvenOdd,
-    /*e4m3_scaled=*/true,
-    // Computes 4 rows whatever the group: below 3 the unfused products cost less.
-    /*min_rows=*/3, avx512::DecodeTile};
+const FusedTileKernel* Avx512WideDecode(DType kv_dtype) {
+  return KernelForKvDtype<FusedTileKernel, DType::kBF16, DType::kF16, DType::kF8E4M3FN,
+                          DType::kF8E5M2>(
+      kv_dtype, []<DType kDtype>() { return &avx512::kWideDecode<kDtype>; });
+}
 
 }  // namespace rpa::internal
 

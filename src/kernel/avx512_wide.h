@@ -8,11 +8,12 @@
 #if defined(__x86_64__)
 namespace rpa::internal {
 
-// Unfused products over bf16, f16, e4m3fn or e5m2 K/V, any q dtype (as f32);
-// q in kF32EvenOdd, accumulators kEvenOdd. Needs CpuFeatures::avx512bw.
-extern const ProductKernel kAvx512Wide;
+// Unfused products over K/V of kv_dtype (bf16, f16, e4m3fn or e5m2; null for
+// any other), any q dtype (as f32); q in kF32EvenOdd, accumulators kEvenOdd.
+// Needs CpuFeatures::avx512bw.
+const ProductKernel* Avx512Wide(DType kv_dtype);
 // The fused decode tile of the same arithmetic (min_rows 3).
-extern const FusedTileKernel kAvx512WideDecode;
+const FusedTileKernel* Avx512WideDecode(DType kv_dtype);
 
 // 8-bit float rows as bf16, exactly (e4m3fn times 2^-8), converted by two
 // vpermi2w table lookups per 32 codes: rows [tile.n] of `rows` written to

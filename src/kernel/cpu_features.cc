@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -186,9 +187,7 @@ CpuFeatures UsableCpuFeatures() {
   return f;
 }
 
-ScopedAmxEmulation::ScopedAmxEmulation() : saved_(t_amx_emulated) { t_amx_emulated = true; }
-
-ScopedAmxEmulation::~ScopedAmxEmulation() { t_amx_emulated = saved_; }
+bool SetAmxEmulationOnThisThread(bool on) { return std::exchange(t_amx_emulated, on); }
 
 ScopedCpuFeatureMask::ScopedCpuFeatureMask(const CpuFeatures& allowed) : saved_(t_allowed) {
   t_allowed = t_allowed & allowed;

@@ -29,7 +29,7 @@ struct CpuFeatures {
   // to this process (one arch_prctl(ARCH_REQ_XCOMP_PERM) on detection).
   bool amx_bf16 = false;
   // Tests only: the AMX kernel's scalar tile model stands in for the tiles
-  // (ScopedAmxEmulation), so its whole path runs where AMX is absent.
+  // (testing/amx_emulation.h), so its whole path runs where AMX is absent.
   bool amx_emulated = false;
   // RPA_AMX=1 in the environment: the AMX kernels are dispatched only when
   // asked for until they are measured on AMX hardware.
@@ -75,19 +75,11 @@ class ScopedCpuFeatureMask {
   CpuFeatures saved_;
 };
 
-// Makes the AMX kernel run on its scalar tile model on this thread for this
-// object's lifetime (UsableCpuFeatures reports amx_bf16 and amx_emulated),
-// where the CPU has AVX-512 BF16 (the model's glue needs it); tests only.
-class ScopedAmxEmulation {
- public:
-  ScopedAmxEmulation();
-  ~ScopedAmxEmulation();
-  ScopedAmxEmulation(const ScopedAmxEmulation&) = delete;
-  ScopedAmxEmulation& operator=(const ScopedAmxEmulation&) = delete;
-
- private:
-  bool saved_;
-};
+// Tests only (testing/amx_emulation.h's ScopedAmxEmulation): whether this
+// thread's UsableCpuFeatures report the AMX tile model (amx_bf16 and
+// amx_emulated, where the CPU has AVX-512 BF16, which the model's glue
+// needs); returns the previous setting.
+bool SetAmxEmulationOnThisThread(bool on);
 
 // A mask that hides every feature: the portable Highway paths only.
 inline constexpr CpuFeatures kNoCpuFeatures{};

@@ -1,6 +1,5 @@
 #include "kernel/dispatch.h"
 
-
 #include "kernel/kernel_records.h"
 #include "rpa/kernels.h"
 
@@ -28,9 +27,12 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
   for (int c = 0; c < kNumTaskClasses; ++c) {
     const TaskClass task_class = static_cast<TaskClass>(c);
     TaskKernels& k = choice.classes[c];
+    // Each kernel as its instance for the call's K/V dtype: chosen here, once
+    // per plan, so no tile function looks at the dtype (the Highway records
+    // take every dtype: some products always meet the call).
     for (const KernelRecord& r : KernelRecords()) {
       if (r.products != nullptr && Meets(r, problem, task_class, cpu)) {
-        k.products = r.products();
+        k.products = r.products(problem.kv_dtype);
         break;
       }
     }
@@ -39,11 +41,12 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
     int fused = 0;
     for (const KernelRecord& r : KernelRecords()) {
       if (r.fused == nullptr || fused == 2 || !Meets(r, problem, task_class, cpu)) continue;
-      if (r.fused->acc_order != k.products->acc_order ||
-          r.fused->e4m3_scaled != k.products->e4m3_scaled) {
+      const FusedTileKernel* tile = r.fused(problem.kv_dtype);  // Meets: one of its dtypes.
+      if (tile->acc_order != k.products->acc_order ||
+          tile->e4m3_scaled != k.products->e4m3_scaled) {
         continue;
       }
-      k.fused[fused++] = r.fused;
+      k.fused[fused++] = tile;
     }
   }
   return choice;

@@ -23,7 +23,9 @@
 // bf16 kernels take their operands exactly in bf16). With AMX
 // (CpuFeatures::amx_bf16) opted in by RPA_AMX=1, bf16 q and bf16/fp8/int8
 // K/V, the prefill row is amx_prefill (not yet measured on AMX hardware:
-// tested on its scalar tile model, ScopedAmxEmulation).
+// tested on its scalar tile model, testing/amx_emulation.h, whose record
+// only a test installs). Experimental, in no row: the AMX decode variant,
+// PV from f32 weights and the hi + lo logits (testing/amx_experimental.h).
 //
 // "a > b" is a fused tile a, falling back to b on a tile it declines (or on
 // a group of fewer rows than a's min_rows). The fused tiles run only without

@@ -13,7 +13,12 @@ HWY_BEFORE_NAMESPACE();
 namespace rpa::internal {
 namespace HWY_NAMESPACE {
 
-HighwayKernels GetHighwayKernels() { return {&kHighwayRows, &kHighwayPacked}; }
+HighwayKernels GetHighwayKernels(DType kv_dtype) {
+  return VisitKvElem(kv_dtype, [](auto tag) HWY_ATTR {
+    using T = decltype(tag);
+    return HighwayKernels{&kHighwayRows<T>, &kHighwayPacked<T>};
+  });
+}
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
@@ -31,7 +36,9 @@ void RunKernelTask(const AttentionProblem& problem, const KernelTask& task, cons
   HWY_DYNAMIC_DISPATCH(RunTask)(problem, task, run, scratch, partials);
 }
 
-HighwayKernels HighwayKernelsForCpu() { return HWY_DYNAMIC_DISPATCH(GetHighwayKernels)(); }
+HighwayKernels HighwayKernelsForCpu(DType kv_dtype) {
+  return HWY_DYNAMIC_DISPATCH(GetHighwayKernels)(kv_dtype);
+}
 
 }  // namespace rpa::internal
 #endif  // HWY_ONCE

@@ -103,9 +103,9 @@ HWY_INLINE void RowToF32(const T* src, int64_t count, int64_t count_pad, float* 
   }
 }
 
-// Calls fn(T{}) with T the storage tag of K/V dtype kv (see LoadF32).
+// fn(T{}) with T the storage tag of K/V dtype kv (see LoadF32).
 template <class Fn>
-HWY_INLINE void VisitKvElem(DType kv, const Fn& fn) {
+HWY_INLINE decltype(auto) VisitKvElem(DType kv, const Fn& fn) {
   switch (kv) {
     case DType::kF8E4M3FN: return fn(E4M3Elem{});
     case DType::kF8E5M2: return fn(E5M2Elem{});

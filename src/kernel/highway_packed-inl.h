@@ -205,28 +205,28 @@ HWY_NOINLINE void PackedPv(const TileLogits& p, const float* vp, int64_t n, int6
   });
 }
 
+template <typename T>
 void PackedTileLogits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                       const TileScratch& scratch) {
   PrefetchRows(tile.k_next, 0, tile.k_next.count, tile.row_bytes);
   const int64_t kt_stride = RoundUp(tile.n, 2 * static_cast<int64_t>(hn::Lanes(DF())));
-  VisitKvElem(tile.dtype, [&](auto tag) HWY_ATTR {
-    PackKeysTransposed<decltype(tag)>(tile.k, tile.n, tile.head_dim, scratch.packed, kt_stride);
-  });
+  PackKeysTransposed<T>(tile.k, tile.n, tile.head_dim, scratch.packed, kt_stride);
   PackedLogits(q, scratch.packed, kt_stride, tile, s);
 }
 
+template <typename T>
 void PackedTilePv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
                   const TileScratch& scratch) {
   PrefetchRows(tile.v_next, 0, tile.v_next.count, tile.row_bytes);
-  VisitKvElem(tile.dtype, [&](auto tag) HWY_ATTR {
-    PackValues<decltype(tag)>(tile.v, tile.n, tile.head_dim, scratch.packed, scratch.dim_pad);
-  });
+  PackValues<T>(tile.v, tile.n, tile.head_dim, scratch.packed, scratch.dim_pad);
   PackedPv(p, scratch.packed, tile.n, scratch.dim_pad, state);
 }
 
+// The kernel for K/V stored as T (VisitKvElem's tags).
+template <typename T>
 const ProductKernel kHighwayPacked = {"highway_packed",   QueryFormat::kF32, nullptr,
                                       AccOrder::kNatural, /*e4m3_scaled=*/true,
-                                      PackedTileLogits, PackedTilePv};
+                                      PackedTileLogits<T>, PackedTilePv<T>};
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE

@@ -85,7 +85,9 @@ HWY_INLINE void PvRows(const float* p, int64_t p_stride, const KvRows& v_rows,
 // s[r][i] = q_r . k_i, 4 rows at a time: each K chunk is converted once
 // per 4-row block.
 template <typename T>
-HWY_NOINLINE void RowsLogitsOf(const QueryRows& q, const KvTile& tile, const TileLogits& s) {
+HWY_NOINLINE void RowsLogits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
+                             const TileScratch& /*scratch*/) {
+  PrefetchRows(tile.k_next, 0, tile.k_next.count, tile.row_bytes);
   const float* q0 = static_cast<const float*>(q.data);
   ForEachRowBlock<4>(q.rows, [&]<int kRows>(int64_t r) HWY_ATTR {
     LogitsRows<kRows, T>(q0 + r * q.stride, q.stride, tile.k, tile.n, tile.head_dim,
@@ -94,30 +96,20 @@ HWY_NOINLINE void RowsLogitsOf(const QueryRows& q, const KvTile& tile, const Til
 }
 
 template <typename T>
-HWY_NOINLINE void RowsPvOf(const TileLogits& p, const KvTile& tile, const SoftmaxState& state) {
+HWY_NOINLINE void RowsPv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
+                         const TileScratch& /*scratch*/) {
+  PrefetchRows(tile.v_next, 0, tile.v_next.count, tile.row_bytes);
   ForEachRowBlock<4>(p.rows, [&]<int kRows>(int64_t r) HWY_ATTR {
     PvRows<kRows, T>(p.s + r * p.stride, p.stride, tile.v, tile.n, tile.head_dim,
                      state.acc + r * state.stride, state.stride);
   });
 }
 
-void RowsLogits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
-                const TileScratch& /*scratch*/) {
-  PrefetchRows(tile.k_next, 0, tile.k_next.count, tile.row_bytes);
-  VisitKvElem(tile.dtype,
-              [&](auto tag) HWY_ATTR { RowsLogitsOf<decltype(tag)>(q, tile, s); });
-}
-
-void RowsPv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
-            const TileScratch& /*scratch*/) {
-  PrefetchRows(tile.v_next, 0, tile.v_next.count, tile.row_bytes);
-  VisitKvElem(tile.dtype,
-              [&](auto tag) HWY_ATTR { RowsPvOf<decltype(tag)>(p, tile, state); });
-}
-
+// The kernel for K/V stored as T (VisitKvElem's tags).
+template <typename T>
 const ProductKernel kHighwayRows = {"highway_rows",     QueryFormat::kF32, nullptr,
-                                    AccOrder::kNatural, /*e4m3_scaled=*/true, RowsLogits,
-                                    RowsPv};
+                                    AccOrder::kNatural, /*e4m3_scaled=*/true, RowsLogits<T>,
+                                    RowsPv<T>};
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE

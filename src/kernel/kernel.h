@@ -26,12 +26,12 @@ struct KernelRun {
 void RunKernelTask(const AttentionProblem& problem, const KernelTask& task, const KernelRun& run,
                    const WorkerScratch& scratch, float* partials);
 
-// The portable kernels of the same Highway target.
+// The portable kernels of the same Highway target, for K/V of kv_dtype.
 struct HighwayKernels {
   const ProductKernel* rows = nullptr;    // highway_rows-inl.h
   const ProductKernel* packed = nullptr;  // highway_packed-inl.h
 };
-HighwayKernels HighwayKernelsForCpu();
+HighwayKernels HighwayKernelsForCpu(DType kv_dtype);
 
 }  // namespace rpa::internal
 

@@ -1,5 +1,8 @@
 #include "kernel/kernel_records.h"
 
+#include <atomic>
+#include <mutex>
+
 #include "kernel/kernel.h"
 #include "problem.h"
 
@@ -28,38 +31,32 @@ constexpr uint8_t kRowClasses = ClassBits({kDecode, kMiddle});
 constexpr uint8_t kPrefillClass = ClassBits({kPrefill});
 constexpr uint8_t kDecodeClass = ClassBits({kDecode});
 
-#if defined(__x86_64__)
-template <const ProductKernel* kKernel>
-const ProductKernel* Static() {
-  return kKernel;
+const ProductKernel* HighwayRows(DType kv_dtype) { return HighwayKernelsForCpu(kv_dtype).rows; }
+const ProductKernel* HighwayPacked(DType kv_dtype) {
+  return HighwayKernelsForCpu(kv_dtype).packed;
 }
-#endif
-const ProductKernel* HighwayRows() { return HighwayKernelsForCpu().rows; }
-const ProductKernel* HighwayPacked() { return HighwayKernelsForCpu().packed; }
 
-// Why this order: docs/kernel.md, Dispatch.
-constexpr KernelRecord kRecords[] = {
+// Why this order: docs/kernel.md, Dispatch. Slot 0 is a test's record
+// (InstallTestKernelRecord), empty until one is installed.
+KernelRecord g_records[] = {
+    {},
 #if defined(__x86_64__)
     // ---- Products.
     {"amx_prefill", "amx_prefill.cc",
      {kBf16Q, kBf16ExactKv, kPrefillClass, true,
       [](const CpuFeatures& f) { return f.amx_bf16 && !f.amx_emulated && f.amx_opted_in; }},
-     Static<&kAmxPrefill>, nullptr, /*measured=*/false},
-    {"amx_prefill (emulated)", "amx_prefill.cc",
-     {kBf16Q, kBf16ExactKv, kPrefillClass, true,
-      [](const CpuFeatures& f) { return f.amx_emulated; }},
-     Static<&kAmxPrefillEmulated>, nullptr, /*measured=*/false},
+     AmxPrefill, nullptr, /*measured=*/false},
     {"avx512_bf16_packed", "avx512_bf16_packed.cc",
      {kBf16Q, kBf16ExactKv, kPrefillClass, true,
       [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
-     Static<&kAvx512Bf16Packed>},
+     Avx512Bf16Packed},
     {"avx512_bf16_rows", "avx512_bf16_rows.cc",
      {kBf16Q, kBf16OrFp8, kRowClasses, true,
       [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
-     Static<&kAvx512Bf16Rows>},
+     Avx512Bf16Rows},
     {"avx512_wide", "avx512_wide.cc",
      {kAnyDType, kWideKv, kRowClasses, true, [](const CpuFeatures& f) { return f.avx512bw; }},
-     Static<&kAvx512Wide>},
+     Avx512Wide},
 #endif
     {"highway_packed", "highway_packed-inl.h", {kAnyDType, kAnyDType, kPrefillClass, true},
      HighwayPacked},
@@ -70,19 +67,33 @@ constexpr KernelRecord kRecords[] = {
     {"avx512_bf16_decode", "avx512_bf16_rows.cc",
      {kBf16Q, kBf16OrFp8, kDecodeClass, false,
       [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
-     nullptr, &kAvx512Bf16Decode},
+     nullptr, Avx512Bf16Decode},
     {"avx512fp16_decode", "avx512_fp16_decode.cc",
      {kAnyDType, kFp8, kDecodeClass, false, [](const CpuFeatures& f) { return f.avx512fp16; }},
-     nullptr, &kAvx512Fp16Decode},
+     nullptr, Avx512Fp16Decode},
     {"avx512_wide_decode", "avx512_wide.cc",
      {kAnyDType, kWideKv, kDecodeClass, false, [](const CpuFeatures& f) { return f.avx512bw; }},
-     nullptr, &kAvx512WideDecode},
+     nullptr, Avx512WideDecode},
 #endif
 };
 
+// Whether slot 0 holds a record: set once, after the record is written.
+std::atomic<bool> g_test_record{false};
+
 }  // namespace
 
-std::span<const KernelRecord> KernelRecords() { return kRecords; }
+std::span<const KernelRecord> KernelRecords() {
+  return std::span<const KernelRecord>(g_records).subspan(
+      g_test_record.load(std::memory_order_acquire) ? 0 : 1);
+}
+
+void InstallTestKernelRecord(const KernelRecord& record) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    g_records[0] = record;
+    g_test_record.store(true, std::memory_order_release);
+  });
+}
 
 bool Meets(const KernelRecord& record, const AttentionProblem& problem, TaskClass c,
            const CpuFeatures& cpu) {

@@ -42,12 +42,14 @@ struct KernelNeeds {
 
 struct KernelRecord {
   const char* name;
-  const char* file;  // Under src/kernel/.
+  const char* file;  // Under src/kernel/ (a test's record: from the source root).
   KernelNeeds needs;
   // Exactly one of the two: the unfused products (for this Highway target
-  // where they are Highway code), or a fused decode tile.
-  const ProductKernel* (*products)() = nullptr;
-  const FusedTileKernel* fused = nullptr;
+  // where they are Highway code), or a fused decode tile, each as the
+  // kernel's instance for K/V of kv_dtype: not null for every dtype of
+  // needs.kv_dtypes (dispatch resolves it once per plan).
+  const ProductKernel* (*products)(DType kv_dtype) = nullptr;
+  const FusedTileKernel* (*fused)(DType kv_dtype) = nullptr;
   // Whether dispatch chooses it by default; false: only when the CPU
   // features say it was asked for (e.g. AMX behind RPA_AMX=1), see `cpu`.
   bool measured = true;
@@ -57,8 +59,16 @@ struct KernelRecord {
 // and fused tiles, in the order dispatch tries them: for each class of
 // task, the first products whose needs the call and CPU meet, then up to two
 // fused tiles in order whose needs are met and that agree with those
-// products (same accumulator order and e4m3fn unit).
+// products (same accumulator order and e4m3fn unit). A test's installed
+// record comes first.
 std::span<const KernelRecord> KernelRecords();
+
+// Tests only: adds a kernel librpa does not build to the front of the list,
+// once per process (later calls do nothing); it should need a CPU feature
+// only tests set, as testing/amx_emulation.h's AMX tile model does
+// (CpuFeatures::amx_emulated). Install before the calls it should reach,
+// from any thread: the list never changes again.
+void InstallTestKernelRecord(const KernelRecord& record);
 
 struct AttentionProblem;
 

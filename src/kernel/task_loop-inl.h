@@ -201,7 +201,7 @@ void LoadQueries(const TaskContext& c) {
     for (int i = 0; i < num_formats; ++i) {
       const int f = static_cast<int>(formats[i]);
       const int64_t row_bytes = QueryStride(formats[i], dim_pad) * QueryElemBytes(formats[i]);
-      ws.q_unscale[f][r] = prepare[i](pr.kv_dtype, q, pr.head_dim, dim_pad,
+      ws.q_unscale[f][r] = prepare[i](q, pr.head_dim, dim_pad,
                                       static_cast<uint8_t*>(ws.q_format[f]) + r * row_bytes);
     }
     ws.m[r] = -std::numeric_limits<float>::infinity();
@@ -283,7 +283,6 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
   const int64_t k_head_bytes = pr.k.head_stride * elem;
   const int64_t v_head_bytes = pr.v.head_stride * elem;
   KvTile tile;
-  tile.dtype = pr.kv_dtype;
   tile.head_dim = pr.head_dim;
   tile.row_bytes = pr.head_dim * elem;
   const int64_t step = c.heads > 1 ? std::min(kv_block, kMultiHeadTile) : kv_block;

@@ -113,12 +113,12 @@ inline void PrefetchRows(const KvRows& rows, int64_t t, int64_t n, int64_t bytes
   for (int64_t i = t; i < t + n && i < rows.count; ++i) PrefetchRow(rows[i], bytes);
 }
 
-// A KV tile of n keys in the cache's dtype, and the next tile's rows, which
-// the kernel prefetches into L2 while it computes this one.
+// A KV tile of n keys in the cache's dtype (the one the kernel running it
+// was specialised for: a tile carries no dtype), and the next tile's rows,
+// which the kernel prefetches into L2 while it computes this one.
 struct KvTile {
-  DType dtype = DType::kF32;
   int64_t head_dim = 0;
-  int64_t row_bytes = 0;  // head_dim * SizeOf(dtype): nothing past a row is read.
+  int64_t row_bytes = 0;  // head_dim * SizeOf(K/V dtype): nothing past a row is read.
   int64_t n = 0;
   KvRows k, v;            // count n.
   KvRows k_next, v_next;  // count 0: nothing to prefetch.
@@ -151,19 +151,19 @@ struct TileScratch {
 
 // Stores f32 query row q [dim_pad] in a kernel's format at out; returns the
 // factor that undoes any scaling (1 if none).
-using PrepareQueryRow = float (*)(DType kv_dtype, const float* q, int64_t head_dim,
-                                  int64_t dim_pad, void* out);
+using PrepareQueryRow = float (*)(const float* q, int64_t head_dim, int64_t dim_pad, void* out);
 
 // q row -> kBf16 (round to nearest even; exact for bf16 q, the only q
 // dispatch gives the bf16 kernels).
-inline float PrepareBf16Row(DType /*kv_dtype*/, const float* q, int64_t /*head_dim*/,
-                            int64_t dim_pad, void* out) {
+inline float PrepareBf16Row(const float* q, int64_t /*head_dim*/, int64_t dim_pad, void* out) {
   uint16_t* dst = static_cast<uint16_t*>(out);
   for (int64_t d = 0; d < dim_pad; ++d) dst[d] = BF16FromF32(q[d]).bits;
   return 1.0f;
 }
 
-// The unfused products of one kernel. A kernel whose e4m3_scaled is set
+// The unfused products of one kernel, specialised for one K/V dtype (every
+// dtype's instance of a kernel has the same name and fields but the
+// functions). A kernel whose e4m3_scaled is set
 // reads e4m3fn values as value * 2^-8 (kE4M3Rescale), which the task loop
 // undoes in the logit and output scales.
 struct ProductKernel {
@@ -180,7 +180,8 @@ struct ProductKernel {
              const TileScratch& scratch);
 };
 
-// A fused decode tile: logits, online-softmax update and PV of 1-4 rows of
+// A fused decode tile, specialised for one K/V dtype as ProductKernel is:
+// logits, online-softmax update and PV of 1-4 rows of
 // one kv head over a tile of at most kFusedMaxKeys keys that every row sees
 // (no mask inside, no soft cap). Returns false with the state untouched
 // where its arithmetic cannot follow the reference (NaN, infinities, ...):
@@ -201,6 +202,17 @@ struct FusedTileKernel {
 
 // e4m3fn K/V as value * 2^-8 (see above): undone by this factor.
 inline constexpr float kE4M3Rescale = 256.0f;
+
+// A kernel's instance for K/V of dtype kv: instance.template operator()<d>()
+// for the d of kDtypes that is kv, null where kv is none of them. What each
+// kernel file's lookup (e.g. Avx512Wide(kv_dtype)) is made of; dispatch
+// calls it once per plan, so no tile function branches on the dtype.
+template <class Kernel, DType... kDtypes, class Instance>
+const Kernel* KernelForKvDtype(DType kv, const Instance& instance) {
+  const Kernel* found = nullptr;
+  ((kv == kDtypes && (found = instance.template operator()<kDtypes>()) != nullptr) || ...);
+  return found;
+}
 
 }  // namespace rpa::internal
 

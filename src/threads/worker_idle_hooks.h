@@ -2,7 +2,7 @@
 // sleeps (a pool worker) or returns to the caller's code: a layer that keeps
 // per-thread hardware state registers a hook here, so the pool knows nothing
 // of that state. The kernel layer registers one that gives a thread's AMX
-// tiles back (amx_bf16.cc), so idle threads carry no 8 KiB tile state.
+// tiles back (amx_tiles.cc), so idle threads carry no 8 KiB tile state.
 #ifndef RPA_SRC_THREADS_WORKER_IDLE_HOOKS_H_
 #define RPA_SRC_THREADS_WORKER_IDLE_HOOKS_H_
 

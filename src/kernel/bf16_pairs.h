@@ -1,0 +1,113 @@
+// K/V tiles and softmax weights in bf16 pairs: the VNNI layouts both
+// bf16-pair prefill kernels multiply (amx_prefill's tdpbf16ps tiles,
+// avx512_bf16_packed's vdpbf16ps), packed by AVX-512 BF16 code; none needs
+// AMX. K/V rows of dtype bf16, fp8 e4m3fn, fp8 e5m2 or int8 are converted to
+// bf16 exactly (e4m3fn at its true value, no rescale; NaN codes stay NaN),
+// each row read for head_dim elements only (masked loads): nothing past it.
+// x86-64 only; call only where the CPU has AVX-512 BF16.
+#ifndef RPA_SRC_KERNEL_BF16_PAIRS_H_
+#define RPA_SRC_KERNEL_BF16_PAIRS_H_
+
+#if defined(__x86_64__)
+#include <cstdint>
+
+#include "kernel/avx512_common.h"
+#include "kernel/tile_kernel.h"
+#include "rpa/dtype.h"
+
+namespace rpa::internal {
+
+inline constexpr int64_t kAmxKeyAlign = 32;   // Keys of a packed K or V tile.
+inline constexpr int64_t kAmxDimAlign = 32;   // Dims of q and of packed K.
+inline constexpr int64_t kAmxVDimAlign = 16;  // Dims of packed V; acc columns computed.
+
+inline int64_t AmxRoundUp(int64_t x, int64_t align) { return (x + align - 1) / align * align; }
+
+// ---- Sizes (elements of uint16_t) of the buffers the caller provides.
+// AmxPackKeys' output: [RoundUp(head_dim, 32) / 2][RoundUp(n, 32)][2] bf16.
+inline int64_t AmxPackedKeysElems(int64_t n, int64_t head_dim) {
+  return AmxRoundUp(head_dim, kAmxDimAlign) * AmxRoundUp(n, kAmxKeyAlign);
+}
+// AmxPackValues' output: [RoundUp(n, 32) / 2][RoundUp(head_dim, 16)][2] bf16.
+inline int64_t AmxPackedValuesElems(int64_t n, int64_t head_dim) {
+  return AmxRoundUp(n, kAmxKeyAlign) * AmxRoundUp(head_dim, kAmxVDimAlign);
+}
+// AmxWeightsToBf16's output: [RoundUp(rows, 16)][RoundUp(n, 32)] bf16.
+inline int64_t AmxPvScratchElems(int64_t rows, int64_t n) {
+  return AmxRoundUp(rows, 16) * AmxRoundUp(n, kAmxKeyAlign);
+}
+
+struct AmxPackArgs {
+  DType dtype = DType::kBF16;
+  const void* const* rows = nullptr;  // [n] pointers to head_dim elements.
+  int64_t n = 0;                      // 1..any keys.
+  int64_t head_dim = 0;               // 1..256 (any, in fact).
+  uint16_t* out = nullptr;            // AmxPackedKeysElems / AmxPackedValuesElems.
+};
+// out[(d / 2) * 2 * n32 + 2 * i + d % 2] = k_i[d], n32 = RoundUp(n, 32):
+// [RoundUp(head_dim, 32) / 2][n32][2], zero for d >= head_dim or i >= n.
+void AmxPackKeys(const AmxPackArgs& args);
+// out[(i / 2) * 2 * d16 + 2 * d + i % 2] = v_i[d], d16 = RoundUp(head_dim,
+// 16): [n32 / 2][d16][2], zero for i >= n (so zero weights never meet NaN)
+// or d >= head_dim.
+void AmxPackValues(const AmxPackArgs& args);
+
+// p_bf16 [RoundUp(rows, 16)][RoundUp(n, 32)] = bf16(p), nearest even, zero
+// for keys >= n and rows >= rows; p's columns >= n are not read.
+void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
+                      uint16_t* p_bf16);
+
+// The kernels' tile steps, each instance for K/V of kDtype (bf16, e4m3fn,
+// e5m2 or int8): the tile's K (or V) rows packed as AmxPackKeys (or
+// AmxPackValues) packs them into scratch.packed, after prefetching the next
+// tile's rows; returns the packed tile.
+template <DType kDtype>
+struct TilePacks {
+  static const uint16_t* Keys(const KvTile& tile, const TileScratch& scratch);
+  static const uint16_t* Values(const KvTile& tile, const TileScratch& scratch);
+};
+extern template struct TilePacks<DType::kBF16>;
+extern template struct TilePacks<DType::kF8E4M3FN>;
+extern template struct TilePacks<DType::kF8E5M2>;
+extern template struct TilePacks<DType::kI8>;
+
+// The softmax's f32 weights p as bf16 in place (AmxWeightsToBf16's layout,
+// [RoundUp(p.rows, 16)][RoundUp(n, 32)] over p's rows): row r's bf16 end
+// before row r + 1's f32 begin (p.stride >= 16), and each chunk is read
+// before its bf16, at or below it, is stored. Returns the bf16 rows.
+const uint16_t* WeightsToBf16InPlace(const TileLogits& p, int64_t n);
+
+// Reads one K/V row's elements [d0, d0 + 32) as 32 bf16 (zero past
+// head_dim; masked loads read nothing past it).
+template <DType kDtype>
+struct RowReader {
+  avx512::Fp8Lut lut;  // fp8: the exact table (e4m3fn at its true value) in registers.
+  int64_t head_dim;
+
+  RPA_AVX512_BF16_TARGET explicit RowReader(int64_t dim)
+      : lut(avx512::LoadLut(avx512::Fp8TableOf(kDtype, /*e4m3_scaled=*/false))),
+        head_dim(dim) {}
+
+  RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i operator()(
+      const void* row, int64_t d0) const {
+    const __mmask32 mask = avx512::ChunkMask(d0, head_dim);  // d0 < head_dim.
+    if constexpr (kDtype == DType::kBF16) {
+      return _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d0);
+    } else if constexpr (kDtype == DType::kI8) {
+      const __m256i x = _mm256_maskz_loadu_epi8(mask, static_cast<const int8_t*>(row) + d0);
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1)));
+      return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // Exact: |x| <= 128.
+    } else {
+      const uint8_t* src = static_cast<const uint8_t*>(row) + d0;
+      return avx512::Fp8ToBf16(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src)), lut);
+    }
+  }
+};
+
+// v[j] lane c becomes v[c] lane j (16 x 16 dwords): 32-bit and 64-bit
+
+}  // namespace rpa::internal
+
+#endif  // __x86_64__
+#endif  // RPA_SRC_KERNEL_BF16_PAIRS_H_

@@ -1,0 +1,65 @@
+#include "testing/amx_emulation.h"
+
+#include "kernel/cpu_features.h"
+
+#if defined(__x86_64__)
+#include "kernel/amx_prefill.h"
+#include "kernel/kernel_records.h"
+#endif
+
+namespace rpa::testing {
+
+#if defined(__x86_64__)
+
+void AmxLogits(const internal::AmxLogitsArgs& args, AmxBackend backend) {
+  if (backend == AmxBackend::kHardware) {
+    internal::AmxLogits(args);
+  } else {
+    internal::amx::LogitsProgram<EmuTiles>(args);
+  }
+}
+
+void AmxPvBf16(const internal::AmxPvBf16Args& args, AmxBackend backend) {
+  if (backend == AmxBackend::kHardware) {
+    internal::AmxPvBf16(args);
+  } else {
+    internal::amx::PvProgram<EmuTiles>(args);
+  }
+}
+
+namespace {
+
+// The AMX prefill kernel's tile unit: the model.
+struct EmulatedTiles {
+  static constexpr const char* kName = "amx_prefill (emulated)";
+  static void Logits(const internal::AmxLogitsArgs& args) {
+    internal::amx::LogitsProgram<EmuTiles>(args);
+  }
+  static void PvBf16(const internal::AmxPvBf16Args& args) {
+    internal::amx::PvProgram<EmuTiles>(args);
+  }
+};
+
+// First in the list, before avx512_bf16_packed; the hardware's amx_prefill
+// needs the tiles not emulated, so the two never meet one call.
+const internal::KernelRecord kEmulatedRecord = {
+    "amx_prefill (emulated)", "testing/amx_emulation.cc",
+    {internal::DTypeBits({DType::kBF16}),
+     internal::DTypeBits({DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}),
+     internal::ClassBits({internal::TaskClass::kPrefill}), true,
+     [](const internal::CpuFeatures& f) { return f.amx_emulated; }},
+    internal::AmxPrefillOn<EmulatedTiles>, nullptr, /*measured=*/false};
+
+}  // namespace
+
+#endif  // __x86_64__
+
+ScopedAmxEmulation::ScopedAmxEmulation() : saved_(internal::SetAmxEmulationOnThisThread(true)) {
+#if defined(__x86_64__)
+  internal::InstallTestKernelRecord(kEmulatedRecord);
+#endif
+}
+
+ScopedAmxEmulation::~ScopedAmxEmulation() { internal::SetAmxEmulationOnThisThread(saved_); }
+
+}  // namespace rpa::testing
