@@ -559,7 +559,7 @@ class Keywords {
   }
 
  private:
-  const py::kwargs& kwargs_;       // The call's; outlives this reader.
+  const py::kwargs& kwargs_;  // The call's; outlives this reader.
   std::vector<std::string_view> taken_;  // The names Take found.
 };
 
@@ -1112,8 +1112,9 @@ class Plan {
       py::gil_scoped_release release;
       std::shared_lock lock(mutex_);
       if (a.cache.layout) a.cache.layout = plan_.shape().kv_layout.value_or(rpa::KVLayout::kNHD);
-      std::visit([&](const auto& kv) { plan_.Run(a.q.const_view(), kv, outputs.out.view(), extras); },
-                 a.cache.View());
+      std::visit(
+          [&](const auto& kv) { plan_.Run(a.q.const_view(), kv, outputs.out.view(), extras); },
+          a.cache.View());
     }
     outputs.Commit();
     return py::reinterpret_borrow<py::object>(out);
@@ -1237,7 +1238,8 @@ class MlaPlanBinding {
     Array c = Array::Open(ckv, "ckv_cache", false);
     Array k = Array::Open(kpe, "kpe_cache", false);
     // A uint8 cache holds codes of the planned float8 dtype.
-    std::optional<rpa::DType> as = ParseDtypeName(kw.Take("kv_dtype"), "kv_dtype", /*any_kv=*/true);
+    std::optional<rpa::DType> as =
+        ParseDtypeName(kw.Take("kv_dtype"), "kv_dtype", /*any_kv=*/true);
     if (!as) {
       py::gil_scoped_release release;
       std::shared_lock lock(mutex_);

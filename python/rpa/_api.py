@@ -72,7 +72,10 @@ def _ragged_signature(omit=(), defaults=None):
   every option by name. An unknown keyword is the TypeError Python raises."""
   defaults = defaults or {}
   table = {o.name: defaults.get(o.name, o.default) for o in RAGGED_OPTIONS if o.name not in omit}
-  annotations = {o.name: o.annotation for o in RAGGED_OPTIONS}
+  # A default overridden to None (the validators' sm_scale) makes the type optional.
+  annotations = {o.name: (f"{o.annotation} | None" if o.name in defaults and
+                          defaults[o.name] is None and "None" not in (o.annotation or "None")
+                          else o.annotation) for o in RAGGED_OPTIONS}
 
   def decorate(fn):
     positional = [p for p in inspect.signature(fn).parameters.values()
