@@ -529,13 +529,32 @@ int64_t RequiredInt(py::handle value, const char* name) {
 // rpa/_api.py forwards only names this file reads, so one left over when the
 // call's keywords are read means the two files disagree: Done() raises
 // TypeError rather than silently ignoring an option.
+// `name` as an interned Python str, made once per name: a lookup by it is
+// a hash already computed and, in CPython's dicts of interned keys, a
+// pointer compare. The strs live as long as the process (the module is
+// never unloaded); the GIL guards the cache.
+PyObject* InternedName(const char* name) {
+  static std::vector<std::pair<const char*, PyObject*>> names;
+  for (const auto& [literal, str] : names) {
+    if (literal == name) return str;
+  }
+  PyObject* str = PyUnicode_InternFromString(name);
+  if (str == nullptr) throw py::error_already_set();
+  names.emplace_back(name, str);
+  return str;
+}
+
 class Keywords {
  public:
   explicit Keywords(const py::kwargs& kwargs) : kwargs_(kwargs) { taken_.reserve(24); }
 
   py::object Take(const char* name) {
-    PyObject* value = PyDict_GetItemString(kwargs_.ptr(), name);  // Borrowed; null: absent.
-    if (value == nullptr) return py::none();
+    // Borrowed; null: absent.
+    PyObject* value = PyDict_GetItemWithError(kwargs_.ptr(), InternedName(name));
+    if (value == nullptr) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      return py::none();
+    }
     taken_.push_back(name);
     return py::reinterpret_borrow<py::object>(value);
   }
@@ -897,7 +916,8 @@ py::object Paged(py::handle q, py::handle k_pages, py::handle v_pages, py::handl
 // when rpa can write them through strides and they share no memory with an
 // input; otherwise into a copy that is copied back after success. Either way
 // a rejected call leaves them untouched (the library validates first).
-py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, py::handle k,
+// The new rows come first, then what Ragged takes.
+py::object RaggedWithKVWrite(py::handle new_k, py::handle new_v, py::handle q, py::handle k,
                              py::handle v, const py::tuple& table, py::handle out,
                              const py::kwargs& kwargs) {
   Keywords kw(kwargs);
@@ -1378,7 +1398,7 @@ PYBIND11_MODULE(_rpa, m) {
   m.def("ragged", &Ragged, py::arg("reference"), py::arg("q"), py::arg("k"),
         py::arg("v").none(true), py::arg("table"), py::arg("out"),
         "Runs a ragged call into `out` and returns it; see rpa.ragged_paged_attention.");
-  m.def("ragged_kv_write", &RaggedWithKVWrite, py::arg("q"), py::arg("new_k"), py::arg("new_v"),
+  m.def("ragged_kv_write", &RaggedWithKVWrite, py::arg("new_k"), py::arg("new_v"), py::arg("q"),
         py::arg("k"), py::arg("v").none(true), py::arg("table"), py::arg("out"),
         "Writes new_k/new_v into the cache, then attends into `out` and returns it; see "
         "rpa.ragged_paged_attention_with_kv_write.");

@@ -9,10 +9,7 @@ library's (docs/contract.md §3), so Python and C++ callers read the same text.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
-import typing
 
 from . import _rpa
 
@@ -25,14 +22,18 @@ DEFAULT_MASK_VALUE: float = _rpa.DEFAULT_MASK_VALUE
 Error = _rpa.Error
 
 
-class Option(typing.NamedTuple):
-  """One keyword of the ragged calls (RAGGED_OPTIONS)."""
-  name: str
-  default: object  # ragged_paged_attention's default.
-  annotation: str | None  # The signature's annotation, as text (PEP 563).
-  torch: str | None  # Its type in torch.ops.rpa's schemas (rpa/torch.py); None: not there.
-  torch_default: object = None  # The schema's default, where it is not `default`.
-  planned: bool = True  # BatchAttention.plan takes it (False: a run's or the wrapper's).
+class Option:
+  """One keyword of the ragged calls (RAGGED_OPTIONS): its name, its default
+  in ragged_paged_attention, its annotation (as text, PEP 563), its type in
+  torch.ops.rpa's schemas (rpa/torch.py; None: not there) and the schema's
+  default where it differs, and whether BatchAttention.plan takes it (False:
+  a run's or the wrapper's). A plain class: `import rpa` stays free of
+  typing and collections."""
+  __slots__ = ("name", "default", "annotation", "torch", "torch_default", "planned")
+
+  def __init__(self, name, default, annotation, torch, torch_default=None, planned=True):
+    self.name, self.default, self.annotation = name, default, annotation
+    self.torch, self.torch_default, self.planned = torch, torch_default, planned
 
 
 # The keyword-only options of ragged_paged_attention, its reference, its
@@ -66,33 +67,36 @@ _RESULT_OPTIONS = ("return_lse", "num_threads", "out")
 
 
 def _ragged_signature(omit=(), defaults=None):
-  """Gives `fn(<positional arrays>, **options)` RAGGED_OPTIONS (less `omit`,
-  with `defaults` where they differ) as keyword-only parameters: in its
-  signature, and filled in with their defaults before fn runs, so fn reads
-  every option by name. An unknown keyword is the TypeError Python raises."""
+  """Gives `fn(<positional arrays>, **options)` the keyword-only parameters
+  RAGGED_OPTIONS (less `omit`, with `defaults` where they differ): returns a
+  function with fn's name, docstring and positional parameters plus those,
+  that calls fn with every option by name. Written as source and compiled,
+  as dataclasses writes __init__: a real signature (what inspect.signature
+  and help show, and Python's own TypeError for a misspelt keyword) at the
+  cost of an ordinary call, without importing inspect."""
   defaults = defaults or {}
-  table = {o.name: defaults.get(o.name, o.default) for o in RAGGED_OPTIONS if o.name not in omit}
-  # A default overridden to None (the validators' sm_scale) makes the type optional.
-  annotations = {o.name: (f"{o.annotation} | None" if o.name in defaults and
-                          defaults[o.name] is None and "None" not in (o.annotation or "None")
-                          else o.annotation) for o in RAGGED_OPTIONS}
 
   def decorate(fn):
-    positional = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
-    known = set(table) | {p.name for p in positional}
-
-    @functools.wraps(fn)
-    def call(*args, **options):
-      if not known.issuperset(options):
-        name = next(n for n in options if n not in known)
-        raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {name!r}")
-      return fn(*args, **{**table, **options})
-
-    keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                  annotation=annotations[name] or inspect.Parameter.empty)
-                for name, default in table.items()]
-    call.__signature__ = inspect.Signature(positional + keywords)
+    code = fn.__code__
+    positional = ", ".join(code.co_varnames[:code.co_argcount])
+    table = {o.name: defaults.get(o.name, o.default) for o in RAGGED_OPTIONS if o.name not in omit}
+    keywords = []
+    for o in RAGGED_OPTIONS:
+      if o.name in table:
+        annotation = o.annotation
+        if annotation and table[o.name] is None and "None" not in annotation:
+          annotation += " | None"  # A default overridden to None: the validators' sm_scale.
+        keywords.append(f"{o.name}: {annotation!r}=_table[{o.name!r}]" if annotation else
+                        f"{o.name}=_table[{o.name!r}]")
+    forward = ", ".join(f"{name}={name}" for name in table)
+    source = (f"def {fn.__name__}({positional}, *, {', '.join(keywords)}):\n"
+              f"  return _fn({positional}, {forward})\n")
+    namespace = {"_fn": fn, "_table": table}
+    # dont_inherit: this module's `annotations` future would quote the quoted annotations again.
+    exec(compile(source, f"<rpa._api signature of {fn.__name__}>", "exec", dont_inherit=True),
+         namespace)
+    call = namespace[fn.__name__]
+    call.__doc__, call.__module__, call.__qualname__ = fn.__doc__, fn.__module__, fn.__qualname__
     return call
 
   return decorate
@@ -239,22 +243,21 @@ def _lse_like(q):
   return np.empty(shape, np.float32)
 
 
-def _attend(call, q, kv_pages, table, *, kv_layout, kv_dtype, return_lse, out, **options):
-  """The computing ragged calls: `call(q, k, v, table, out, **keywords)` of
-  the binding, out (and lse) allocated like q unless given."""
+def _attend(call, leading, q, kv_pages, table, *, kv_layout, kv_dtype, return_lse, out,
+            **options):
+  """The computing ragged calls: `call(*leading, q, k, v, table, out,
+  **keywords)` of the binding, out (and lse) allocated like q unless given."""
   options = _array_options(options)
   k, v, kv_dtype = _cache(kv_pages, kv_layout, kv_dtype)
   q = _as_array(q)
   if out is None:
     out = _empty_like(q)
   lse = _lse_like(q) if return_lse else None
-  result = call(q, k, v, _table(table), out, lse=lse, kv_layout=kv_layout, kv_dtype=kv_dtype,
-                **options)
+  result = call(*leading, q, k, v, _table(table), out, lse=lse, kv_layout=kv_layout,
+                kv_dtype=kv_dtype, **options)
   return (result, lse) if return_lse else result
 
 
-_FAST = functools.partial(_rpa.ragged, False)
-_REFERENCE = functools.partial(_rpa.ragged, True)
 
 
 _KV_PAGES_DOC = """kv_pages: the paged KV cache, one of
@@ -344,7 +347,8 @@ def ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_se
     ValueError (rpa.Error): any invalid input, with JAX's message where JAX
       has one and a sentence on how to fix it. Nothing is written first.
   """
-  return _attend(_FAST, q, kv_pages, (kv_lens, page_indices, cu_q_lens, num_seqs), **options)
+  return _attend(_rpa.ragged, (False,), q, kv_pages, (kv_lens, page_indices, cu_q_lens,
+                 num_seqs), **options)
 
 
 @_ragged_signature(defaults={"mask_value": DEFAULT_MASK_VALUE})
@@ -379,8 +383,8 @@ def ref_ragged_paged_attention(queries, kv_pages, kv_lens, page_indices, cu_q_le
   Raises:
     ValueError (rpa.Error): any invalid input; nothing is written first.
   """
-  return _attend(_REFERENCE, queries, kv_pages, (kv_lens, page_indices, cu_q_lens, num_seqs),
-                 **options)
+  return _attend(_rpa.ragged, (True,), queries, kv_pages, (kv_lens, page_indices, cu_q_lens,
+                 num_seqs), **options)
 
 
 def _validate(dynamic, q, kv_pages, table, *, kv_layout, kv_dtype, **options):
@@ -543,13 +547,8 @@ def ragged_paged_attention_with_kv_write(q, new_k, new_v, kv_pages, kv_lens, pag
     ValueError (rpa.Error): any invalid input, e.g. a page index out of
       range or a new_k of the wrong shape; nothing is written first.
   """
-  new_k, new_v = _as_rows(new_k), _as_rows(new_v)
-
-  def write_and_attend(q, k, v, table, out, **keywords):
-    return _rpa.ragged_kv_write(q, new_k, new_v, k, v, table, out, **keywords)
-
-  return _attend(write_and_attend, q, kv_pages, (kv_lens, page_indices, cu_q_lens, num_seqs),
-                 **options)
+  return _attend(_rpa.ragged_kv_write, (_as_rows(new_k), _as_rows(new_v)), q, kv_pages,
+                 (kv_lens, page_indices, cu_q_lens, num_seqs), **options)
 
 
 def _as_rows(x):
