@@ -4,9 +4,10 @@ under torch.distributed (docs/distributed.md).
 Context parallelism (vLLM's decode context parallel, the merge step of ring
 attention): every rank of a process group holds the same queries and a slice
 of every sequence's KV pages. Each rank attends over its own keys with the
-log-sum-exp (`rpa.ragged_paged_attention(..., return_lse=True)`), the ranks
-exchange their (out, lse) partials over the group, and every rank merges
-them by log-sum-exp into the attention over all keys:
+log-sum-exp (`rpa.BatchAttention`, planned by a step's first layer and run
+with `return_lse=True` by every layer), the ranks exchange their (out, lse)
+partials over the group, and every rank merges them by log-sum-exp into the
+attention over all keys:
 
     shards = split_pages(kv_lens, page_indices, cu_q_lens, num_seqs,
                          page_size=page_size, world_size=world_size)
