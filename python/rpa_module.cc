@@ -18,6 +18,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -25,7 +26,9 @@
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "rpa/rpa.h"
@@ -513,11 +516,73 @@ std::optional<int> OptionalThreads(py::handle value) {
   return static_cast<int>(*n);
 }
 
-struct RaggedKwargs {
-  py::object sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
-      num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, num_threads, causal,
-      alibi_slopes, custom_mask, packed_custom_mask;
+int64_t RequiredInt(py::handle value, const char* name) {
+  const std::optional<int64_t> v = OptionalInt(value, name);
+  if (!v) throw py::type_error(std::string(name) + " must be an int.");
+  return *v;
+}
+
+// ---- Keywords: how rpa/_api.py hands a call's options to the binding.
+
+// The keyword arguments of one binding call, each taken once by name (an
+// absent one reads as None) and converted by the reader its type needs.
+// rpa/_api.py forwards only names this file reads, so one left over when the
+// call's keywords are read means the two files disagree: Done() raises
+// TypeError rather than silently ignoring an option.
+// `name` as an interned Python str, made once per name: a lookup by it is
+// a hash already computed and, in CPython's dicts of interned keys, a
+// pointer compare. The strs live as long as the process (the module is
+// never unloaded); the GIL guards the cache.
+PyObject* InternedName(const char* name) {
+  static std::vector<std::pair<const char*, PyObject*>> names;
+  for (const auto& [literal, str] : names) {
+    if (literal == name) return str;
+  }
+  PyObject* str = PyUnicode_InternFromString(name);
+  if (str == nullptr) throw py::error_already_set();
+  names.emplace_back(name, str);
+  return str;
+}
+
+class Keywords {
+ public:
+  explicit Keywords(const py::kwargs& kwargs) : kwargs_(kwargs) { taken_.reserve(24); }
+
+  py::object Take(const char* name) {
+    // Borrowed; null: absent.
+    PyObject* value = PyDict_GetItemWithError(kwargs_.ptr(), InternedName(name));
+    if (value == nullptr) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      return py::none();
+    }
+    taken_.push_back(name);
+    return py::reinterpret_borrow<py::object>(value);
+  }
+  std::optional<int64_t> Int(const char* name) { return OptionalInt(Take(name), name); }
+  int64_t Required(const char* name) { return RequiredInt(Take(name), name); }
+  std::optional<double> Float(const char* name) { return OptionalFloat(Take(name), name); }
+  std::optional<bool> Bool(const char* name) { return OptionalBool(Take(name), name); }
+  std::optional<int> Threads() { return OptionalThreads(Take("num_threads")); }
+
+  // After the last Take: `function` (the binding's name) took every keyword.
+  // Each reader takes another name, so counting them is enough.
+  void Done(const std::string& function) const {
+    if (taken_.size() == static_cast<size_t>(PyDict_Size(kwargs_.ptr()))) return;
+    for (const auto& item : kwargs_) {
+      const std::string key = py::str(item.first).cast<std::string>();
+      if (std::find(taken_.begin(), taken_.end(), key) == taken_.end()) {
+        throw py::type_error("rpa._rpa." + function + "() got an unexpected keyword argument '" +
+                             key + "' (rpa/_api.py and rpa_module.cc disagree).");
+      }
+    }
+  }
+
+ private:
+  const py::kwargs& kwargs_;  // The call's; outlives this reader.
+  std::vector<std::string_view> taken_;  // The names Take found.
 };
+
+// ---- AttentionOptions: the one place Python keywords become them.
 
 // The arrays an AttentionOptions views: they must outlive the call.
 struct OptionArrays {
@@ -530,25 +595,36 @@ std::optional<rpa::TensorView> OptionalArray(py::handle value, const char* name,
   return array.const_view();
 }
 
-rpa::AttentionOptions ToOptions(const RaggedKwargs& kw, OptionArrays& arrays) {
+// rpa.ragged_paged_attention's options that rpa::AttentionOptions holds
+// (every one but sinks and lse, which the call opens with its arrays).
+rpa::AttentionOptions ToOptions(Keywords& kw, OptionArrays& arrays) {
   rpa::AttentionOptions o;
-  o.sm_scale = OptionalFloat(kw.sm_scale, "sm_scale").value_or(1.0);
-  o.sliding_window = OptionalInt(kw.sliding_window, "sliding_window");
-  o.soft_cap = OptionalFloat(kw.soft_cap, "soft_cap");
-  o.mask_value = OptionalFloat(kw.mask_value, "mask_value");
-  o.k_scale = OptionalFloat(kw.k_scale, "k_scale");
-  o.v_scale = OptionalFloat(kw.v_scale, "v_scale");
-  o.num_kv_pages_per_block = OptionalInt(kw.num_kv_pages_per_block, "num_kv_pages_per_block");
-  o.num_queries_per_block = OptionalInt(kw.num_queries_per_block, "num_queries_per_block");
-  o.vmem_limit_bytes = OptionalInt(kw.vmem_limit_bytes, "vmem_limit_bytes");
-  o.num_threads = OptionalThreads(kw.num_threads);
-  o.causal = OptionalBool(kw.causal, "causal");
-  o.alibi_slopes = OptionalArray(kw.alibi_slopes, "alibi_slopes", arrays.alibi_slopes);
-  o.custom_mask = OptionalArray(kw.custom_mask, "custom_mask", arrays.custom_mask);
-  o.packed_custom_mask =
-      OptionalArray(kw.packed_custom_mask, "packed_custom_mask", arrays.packed_custom_mask);
+  o.sm_scale = kw.Float("sm_scale").value_or(1.0);
+  o.sliding_window = kw.Int("sliding_window");
+  o.soft_cap = kw.Float("soft_cap");
+  o.mask_value = kw.Float("mask_value");
+  o.k_scale = kw.Float("k_scale");
+  o.v_scale = kw.Float("v_scale");
+  o.num_kv_pages_per_block = kw.Int("num_kv_pages_per_block");
+  o.num_queries_per_block = kw.Int("num_queries_per_block");
+  o.vmem_limit_bytes = kw.Int("vmem_limit_bytes");
+  o.num_threads = kw.Threads();
+  o.causal = kw.Bool("causal");
+  o.alibi_slopes = OptionalArray(kw.Take("alibi_slopes"), "alibi_slopes", arrays.alibi_slopes);
+  o.custom_mask = OptionalArray(kw.Take("custom_mask"), "custom_mask", arrays.custom_mask);
+  o.packed_custom_mask = OptionalArray(kw.Take("packed_custom_mask"), "packed_custom_mask",
+                                       arrays.packed_custom_mask);
   return o;
 }
+
+// `sinks` (or None) opened into `array`, as the library's optional view.
+std::optional<rpa::TensorView> OpenSinks(py::handle sinks, Array& array) {
+  if (sinks.is_none()) return std::nullopt;
+  array = Array::Open(sinks, "sinks", false);
+  return array.const_view();
+}
+
+// ---- The KV cache and the page table: the one place each is built.
 
 std::optional<rpa::KVLayout> ToLayout(py::handle layout) {
   if (layout.is_none()) return std::nullopt;
@@ -562,53 +638,120 @@ std::optional<rpa::KVLayout> ToLayout(py::handle layout) {
                  "head_dim].");
 }
 
-// The arrays of a ragged call. `v_pages` is None for JAX's combined layout.
-struct RaggedArrays {
-  Array q, k, v, kv_lens, page_indices, cu_q_lens, num_seqs;
+// The layout of separate caches (NHD when not given); none for JAX's
+// combined kv_pages (v is None), which takes no kv_layout.
+std::optional<rpa::KVLayout> CacheLayout(py::handle layout, py::handle v) {
+  std::optional<rpa::KVLayout> result = ToLayout(layout);
+  const bool split = !v.is_none();
+  if (split && !result) result = rpa::KVLayout::kNHD;
+  if (!split && result) {
+    ThrowValue(rpa::ErrorKind::kOption,
+               "kv_layout=" + Repr(layout) +
+                   " applies to separate K and V caches only. Pass kv_pages=(k_pages, "
+                   "v_pages), or omit kv_layout for JAX's combined kv_pages.");
+  }
+  return result;
+}
+
+// A cache as the library's overloads take it: JAX's one combined array, or
+// separate K and V caches with their layout.
+using CacheView = std::variant<rpa::TensorView, rpa::KVPages>;
+using MutableCacheView = std::variant<rpa::MutableTensorView, rpa::MutableKVPages>;
+
+// A read-only cache argument: `k` is kv_pages when `layout` is none, else
+// k_pages beside v_pages.
+struct CacheArrays {
+  Array k, v;
   std::optional<rpa::KVLayout> layout;
 
-  // The layout of separate caches (NHD when not given); none for JAX's
-  // combined kv_pages (v is None), which takes no kv_layout.
-  static std::optional<rpa::KVLayout> Layout(py::handle layout, py::handle v) {
-    std::optional<rpa::KVLayout> result = ToLayout(layout);
-    const bool split = !v.is_none();
-    if (split && !result) result = rpa::KVLayout::kNHD;
-    if (!split && result) {
-      ThrowValue(rpa::ErrorKind::kOption,
-                 "kv_layout=" + Repr(layout) +
-                     " applies to separate K and V caches only. Pass kv_pages=(k_pages, "
-                     "v_pages), or omit kv_layout for JAX's combined kv_pages.");
+  // `as`: read the cache's bytes as this dtype (kv_dtype=, Array::Reinterpret).
+  static CacheArrays Open(py::handle k, py::handle v, std::optional<rpa::KVLayout> layout,
+                          std::optional<rpa::DType> as) {
+    CacheArrays c;
+    c.layout = layout;
+    const std::string k_name = layout ? "k_pages" : "kv_pages";
+    c.k = Array::Open(k, k_name, false);
+    c.k.Reinterpret(as, k_name, "kv_dtype");
+    if (layout) {
+      c.v = Array::Open(v, "v_pages", false);
+      c.v.Reinterpret(as, "v_pages", "kv_dtype");
     }
-    return result;
+    return c;
   }
 
-  // The metadata arrays, in the API's order.
-  void OpenMetadata(py::handle kv_lens_in, py::handle page_indices_in, py::handle cu_q_lens_in,
-                    py::handle num_seqs_in) {
-    kv_lens = Array::Open(kv_lens_in, "kv_lens", false);
-    page_indices = Array::Open(page_indices_in, "page_indices", false);
-    cu_q_lens = Array::Open(cu_q_lens_in, "cu_q_lens", false);
-    num_seqs = Array::Open(num_seqs_in, "num_seqs", false);
+  CacheView View() const {
+    if (!layout) return k.const_view();
+    return rpa::KVPages{k.const_view(), v.const_view(), *layout};
+  }
+};
+
+// The four int32 arrays of a page table, opened under the API's names:
+// JAX's, FlashInfer's CSR or its MLA table (the library's structs list
+// their fields in these orders).
+struct TableArrays {
+  using Names = std::array<const char*, 4>;
+  static constexpr Names kJax = {"kv_lens", "page_indices", "cu_q_lens", "num_seqs"};
+  static constexpr Names kCsr = {"qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"};
+  static constexpr Names kMla = {"qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"};
+
+  std::array<Array, 4> arrays;
+
+  // `table`: rpa/_api.py's tuple of the four arrays, in `names`' order.
+  static TableArrays Open(const py::tuple& table, const Names& names) {
+    if (table.size() != names.size()) {
+      throw std::logic_error("rpa: a page table is a tuple of 4 arrays");
+    }
+    TableArrays t;
+    for (size_t i = 0; i < names.size(); ++i) t.arrays[i] = Array::Open(table[i], names[i], false);
+    return t;
   }
 
-  static RaggedArrays Open(py::handle q, py::handle k, py::handle v, py::handle layout,
-                           py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
-                           py::handle num_seqs, std::optional<rpa::DType> kv_dtype) {
-    RaggedArrays a;
-    a.layout = Layout(layout, v);
-    const bool split = a.layout.has_value();
-    a.q = Array::Open(q, "q", false);
-    const std::string k_name = split ? "k_pages" : "kv_pages";
-    a.k = Array::Open(k, k_name, false);
-    a.k.Reinterpret(kv_dtype, k_name, "kv_dtype");
-    if (split) {
-      a.v = Array::Open(v, "v_pages", false);
-      a.v.Reinterpret(kv_dtype, "v_pages", "kv_dtype");
-    }
-    a.OpenMetadata(kv_lens, page_indices, cu_q_lens, num_seqs);
-    return a;
+  // rpa::PageTable, rpa::CsrPageTable or rpa::MlaPageTable of the arrays.
+  template <typename Table>
+  Table As() const {
+    return Table{arrays[0].const_view(), arrays[1].const_view(), arrays[2].const_view(),
+                 arrays[3].const_view()};
   }
-  bool split() const { return layout.has_value(); }
+
+  void AddTo(std::vector<const Array*>& inputs) const {
+    for (const Array& a : arrays) inputs.push_back(&a);
+  }
+};
+
+// What every ragged call opens besides its cache, in the order of their
+// checks: the options, kv_dtype, kv_layout and q (Open), then, after the
+// cache, the page table and sinks (OpenTable).
+struct RaggedInputs {
+  OptionArrays option_arrays;  // Viewed by `options`.
+  rpa::AttentionOptions options;
+  std::optional<rpa::DType> kv_dtype;   // The cache's bytes read as this (kv_dtype=).
+  std::optional<rpa::KVLayout> layout;  // None: JAX's combined kv_pages.
+  Array q, sinks;
+  TableArrays table;
+
+  // `v`: v_pages, or None for JAX's combined cache.
+  static RaggedInputs Open(py::handle q, py::handle v, Keywords& kw) {
+    RaggedInputs in;
+    in.options = ToOptions(kw, in.option_arrays);
+    in.kv_dtype = ParseDtypeName(kw.Take("kv_dtype"), "kv_dtype", /*any_kv=*/true);
+    in.layout = CacheLayout(kw.Take("kv_layout"), v);
+    in.q = Array::Open(q, "q", false);
+    return in;
+  }
+
+  void OpenTable(const py::tuple& table_arrays, Keywords& kw) {
+    table = TableArrays::Open(table_arrays, TableArrays::kJax);
+    options.sinks = OpenSinks(kw.Take("sinks"), sinks);
+  }
+
+  rpa::PageTable Table() const { return table.As<rpa::PageTable>(); }
+
+  // q, the page table and sinks: what an output must not overlap.
+  std::vector<const Array*> Inputs() const {
+    std::vector<const Array*> inputs = {&q, &sinks};
+    table.AddTo(inputs);
+    return inputs;
+  }
 };
 
 // The output: `out` itself when rpa can write it in place (and it shares no
@@ -681,122 +824,78 @@ struct RowOutputs {
   }
 };
 
-// `sinks` (or None) opened into `array`, as the library's optional view.
-std::optional<rpa::TensorView> OpenSinks(py::handle sinks, Array& array) {
-  if (sinks.is_none()) return std::nullopt;
-  array = Array::Open(sinks, "sinks", false);
-  return array.const_view();
-}
-
-py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v, py::handle layout,
-                  py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
-                  py::handle num_seqs, py::handle out, py::handle sinks, py::handle lse,
-                  py::handle kv_dtype, const RaggedKwargs& kwargs) {
-  OptionArrays option_arrays;
-  rpa::AttentionOptions options = ToOptions(kwargs, option_arrays);
-  const RaggedArrays a =
-      RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
-                         ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
-  Array sinks_array;
-  options.sinks = OpenSinks(sinks, sinks_array);
-  const std::vector<const Array*> inputs = {&a.q,         &a.k,         &a.v,
-                                            &a.kv_lens,   &a.page_indices, &a.cu_q_lens,
-                                            &a.num_seqs,  &sinks_array};
+// rpa.ragged_paged_attention (reference: its oracle) into `out`.
+py::object Ragged(bool reference, py::handle q, py::handle k, py::handle v,
+                  const py::tuple& table, py::handle out, const py::kwargs& kwargs) {
+  Keywords kw(kwargs);
+  RaggedInputs in = RaggedInputs::Open(q, v, kw);
+  const CacheArrays cache = CacheArrays::Open(k, v, in.layout, in.kv_dtype);
+  in.OpenTable(table, kw);
+  const py::object lse = kw.Take("lse");
+  kw.Done("ragged");
+  std::vector<const Array*> inputs = in.Inputs();
+  inputs.insert(inputs.end(), {&cache.k, &cache.v});
   RowOutputs outputs(out, lse, inputs);
-  options.lse = outputs.LseView();
+  in.options.lse = outputs.LseView();
   {
     py::gil_scoped_release release;
-    if (a.split() && reference) {
-      rpa::RefRaggedPagedAttention(
-          a.q.const_view(), rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
-          rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                         a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, outputs.out.view());
-    } else if (a.split()) {
-      rpa::RaggedPagedAttention(a.q.const_view(),
-                                rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
-                                rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                                               a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                                options, outputs.out.view());
-    } else if (reference) {
-      rpa::RefRaggedPagedAttention(
-          a.q.const_view(), a.k.const_view(),
-          rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                         a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, outputs.out.view());
-    } else {
-      rpa::RaggedPagedAttention(a.q.const_view(), a.k.const_view(),
-                                rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                                               a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                                options, outputs.out.view());
-    }
+    std::visit(
+        [&](const auto& kv) {
+          if (reference) {
+            rpa::RefRaggedPagedAttention(in.q.const_view(), kv, in.Table(), in.options,
+                                         outputs.out.view());
+          } else {
+            rpa::RaggedPagedAttention(in.q.const_view(), kv, in.Table(), in.options,
+                                      outputs.out.view());
+          }
+        },
+        cache.View());
   }
   outputs.Commit();
   return py::reinterpret_borrow<py::object>(out);
 }
 
-void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, py::handle layout,
-              py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
-              py::handle num_seqs, py::handle sinks, py::handle kv_dtype,
-              const RaggedKwargs& kwargs) {
-  OptionArrays option_arrays;
-  rpa::AttentionOptions options = ToOptions(kwargs, option_arrays);
-  const RaggedArrays a =
-      RaggedArrays::Open(q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
-                         ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true));
-  Array sinks_array;
-  options.sinks = OpenSinks(sinks, sinks_array);
+// The static (and with `dynamic` the dynamic) checks of a ragged call.
+void Validate(bool dynamic, py::handle q, py::handle k, py::handle v, const py::tuple& table,
+              const py::kwargs& kwargs) {
+  Keywords kw(kwargs);
+  RaggedInputs in = RaggedInputs::Open(q, v, kw);
+  const CacheArrays cache = CacheArrays::Open(k, v, in.layout, in.kv_dtype);
+  in.OpenTable(table, kw);
+  kw.Done("validate");
   py::gil_scoped_release release;
-  if (a.split()) {
-    if (dynamic) {
-      rpa::DynamicValidateInputs(a.q.const_view(),
-                                 rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
-                                 rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                                                a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                                 options);
-    } else {
-      rpa::StaticValidateInputs(a.q.const_view(),
-                                rpa::KVPages{a.k.const_view(), a.v.const_view(), *a.layout},
-                                rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                                               a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                                options);
-    }
-  } else if (dynamic) {
-    rpa::DynamicValidateInputs(a.q.const_view(), a.k.const_view(),
-                               rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                                              a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                               options);
-  } else {
-    rpa::StaticValidateInputs(a.q.const_view(), a.k.const_view(),
-                              rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                                             a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-                              options);
-  }
+  std::visit(
+      [&](const auto& kv) {
+        if (dynamic) {
+          rpa::DynamicValidateInputs(in.q.const_view(), kv, in.Table(), in.options);
+        } else {
+          rpa::StaticValidateInputs(in.q.const_view(), kv, in.Table(), in.options);
+        }
+      },
+      cache.View());
 }
 
+// JAX's paged_attention (rpa.paged_attention) into `out`.
 py::object Paged(py::handle q, py::handle k_pages, py::handle v_pages, py::handle lengths,
-                 py::handle page_indices, py::handle out, py::handle mask_value,
-                 py::handle attn_logits_soft_cap, py::handle pages_per_compute_block,
-                 py::handle megacore_mode, bool inline_seq_dim, py::handle num_threads,
-                 py::handle kv_dtype) {
+                 py::handle page_indices, py::handle out, const py::kwargs& kwargs) {
+  Keywords kw(kwargs);
   rpa::PagedAttentionOptions options;
-  options.mask_value = OptionalFloat(mask_value, "mask_value").value_or(rpa::kDefaultMaskValue);
-  options.attn_logits_soft_cap = OptionalFloat(attn_logits_soft_cap, "attn_logits_soft_cap");
-  const std::optional<int64_t> block =
-      OptionalInt(pages_per_compute_block, "pages_per_compute_block");
+  options.mask_value = kw.Float("mask_value").value_or(rpa::kDefaultMaskValue);
+  options.attn_logits_soft_cap = kw.Float("attn_logits_soft_cap");
+  const std::optional<int64_t> block = kw.Int("pages_per_compute_block");
   if (!block) {
     throw py::type_error("pages_per_compute_block must be an int (JAX requires it too).");
   }
   options.pages_per_compute_block = *block;
-  if (!megacore_mode.is_none()) {
-    options.megacore_mode =
-        py::str(megacore_mode).cast<std::string>();
-  }
-  options.inline_seq_dim = inline_seq_dim;
-  options.num_threads = OptionalThreads(num_threads);
+  const py::object megacore_mode = kw.Take("megacore_mode");
+  if (!megacore_mode.is_none()) options.megacore_mode = py::str(megacore_mode).cast<std::string>();
+  options.inline_seq_dim = kw.Bool("inline_seq_dim").value_or(true);
+  options.num_threads = kw.Threads();
+  const std::optional<rpa::DType> as =
+      ParseDtypeName(kw.Take("kv_dtype"), "kv_dtype", /*any_kv=*/true);
+  kw.Done("paged");
 
   const Array aq = Array::Open(q, "q", false);
-  const std::optional<rpa::DType> as = ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true);
   Array ak = Array::Open(k_pages, "k_pages", false);
   ak.Reinterpret(as, "k_pages", "kv_dtype");
   Array av = Array::Open(v_pages, "v_pages", false);
@@ -817,50 +916,41 @@ py::object Paged(py::handle q, py::handle k_pages, py::handle v_pages, py::handl
 // when rpa can write them through strides and they share no memory with an
 // input; otherwise into a copy that is copied back after success. Either way
 // a rejected call leaves them untouched (the library validates first).
-py::object RaggedWithKVWrite(py::handle q, py::handle new_k, py::handle new_v, py::handle k,
-                             py::handle v, py::handle layout, py::handle kv_lens,
-                             py::handle page_indices, py::handle cu_q_lens, py::handle num_seqs,
-                             py::handle out, py::handle sinks, py::handle lse,
-                             py::handle kv_dtype, const RaggedKwargs& kwargs) {
-  OptionArrays option_arrays;
-  rpa::AttentionOptions options = ToOptions(kwargs, option_arrays);
-  const std::optional<rpa::DType> as = ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true);
-  RaggedArrays a;
-  a.layout = RaggedArrays::Layout(layout, v);
-  a.q = Array::Open(q, "q", false);
+// The new rows come first, then what Ragged takes.
+py::object RaggedWithKVWrite(py::handle new_k, py::handle new_v, py::handle q, py::handle k,
+                             py::handle v, const py::tuple& table, py::handle out,
+                             const py::kwargs& kwargs) {
+  Keywords kw(kwargs);
+  RaggedInputs in = RaggedInputs::Open(q, v, kw);
   const Array ank = Array::Open(new_k, "new_k", false);
   const Array anv = Array::Open(new_v, "new_v", false);
-  a.OpenMetadata(kv_lens, page_indices, cu_q_lens, num_seqs);
-  Array sinks_array;
-  options.sinks = OpenSinks(sinks, sinks_array);
-  std::vector<const Array*> inputs = {&a.q,         &ank,        &anv,        &a.kv_lens,
-                                      &a.page_indices, &a.cu_q_lens, &a.num_seqs, &sinks_array};
+  in.OpenTable(table, kw);
+  const py::object lse = kw.Take("lse");
+  kw.Done("ragged_kv_write");
+  std::vector<const Array*> inputs = in.Inputs();
+  inputs.insert(inputs.end(), {&ank, &anv});
   // K and V of one combined array may interleave (strided views of it): each
   // is checked against the inputs only, since the library never writes an
   // element of one through the other.
-  Output k_cache(k, inputs, a.split() ? "k_pages" : "kv_pages", as);
+  Output k_cache(k, inputs, in.layout ? "k_pages" : "kv_pages", in.kv_dtype);
   std::optional<Output> v_cache;
-  if (a.split()) v_cache.emplace(v, inputs, "v_pages", as);
+  if (in.layout) v_cache.emplace(v, inputs, "v_pages", in.kv_dtype);
   inputs.push_back(&k_cache.array());
   if (v_cache) inputs.push_back(&v_cache->array());
   RowOutputs outputs(out, lse, inputs);
-  options.lse = outputs.LseView();
+  in.options.lse = outputs.LseView();
+  const MutableCacheView cache =
+      v_cache ? MutableCacheView(rpa::MutableKVPages{k_cache.view(), v_cache->view(), *in.layout})
+              : MutableCacheView(k_cache.view());
   {
     py::gil_scoped_release release;
-    if (a.split()) {
-      rpa::RaggedPagedAttentionWithKVWrite(
-          a.q.const_view(), ank.const_view(), anv.const_view(),
-          rpa::MutableKVPages{k_cache.view(), v_cache->view(), *a.layout},
-          rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                         a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, outputs.out.view());
-    } else {
-      rpa::RaggedPagedAttentionWithKVWrite(
-          a.q.const_view(), ank.const_view(), anv.const_view(), k_cache.view(),
-          rpa::PageTable{a.kv_lens.const_view(), a.page_indices.const_view(),
-                         a.cu_q_lens.const_view(), a.num_seqs.const_view()},
-          options, outputs.out.view());
-    }
+    std::visit(
+        [&](const auto& kv) {
+          rpa::RaggedPagedAttentionWithKVWrite(in.q.const_view(), ank.const_view(),
+                                               anv.const_view(), kv, in.Table(), in.options,
+                                               outputs.out.view());
+        },
+        cache);
   }
   k_cache.Commit();
   if (v_cache) v_cache->Commit();
@@ -993,83 +1083,58 @@ rpa::DType DtypeByName(py::handle name, const std::string& keyword) {
   return *dtype;
 }
 
-// The plan's arguments that are not arrays: the shape and the options.
-struct PlanArgs {
-  py::object num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, q_dtype,
-      kv_dtype, kv_layout, window_left;
-  RaggedKwargs options;
-};
-
-int64_t RequiredInt(py::handle value, const char* name) {
-  const std::optional<int64_t> v = OptionalInt(value, name);
-  if (!v) throw py::type_error(std::string(name) + " must be an int.");
-  return *v;
-}
-
 // A thread-safe rpa::AttentionPlan: runs share it, a plan waits for them
 // (the GIL is released while either waits or works).
 class Plan {
  public:
-  // form "jax": (kv_lens, page_indices, cu_q_lens, num_seqs); "csr":
-  // (qo_indptr, kv_indptr, kv_indices, kv_last_page_len).
-  void PlanFrom(const std::string& form, const std::vector<py::handle>& tables,
-                const PlanArgs& args) {
-    const rpa::AttentionShape shape = Shape(args);
+  // form "jax": `table` is (kv_lens, page_indices, cu_q_lens, num_seqs);
+  // "csr": (qo_indptr, kv_indptr, kv_indices, kv_last_page_len). The
+  // keywords: the shape (Shape) and the options (Options).
+  void PlanFrom(const std::string& form, const py::tuple& table, const py::kwargs& kwargs) {
+    Keywords kw(kwargs);
+    const rpa::AttentionShape shape = Shape(kw);
     OptionArrays option_arrays;
-    const rpa::AttentionOptions options = Options(args, option_arrays);
+    const rpa::AttentionOptions options = Options(kw, option_arrays);
+    kw.Done("AttentionPlan.plan");
     const bool csr = form == "csr";
-    const char* const names[2][4] = {{"kv_lens", "page_indices", "cu_q_lens", "num_seqs"},
-                                     {"qo_indptr", "kv_indptr", "kv_indices",
-                                      "kv_last_page_len"}};
-    std::vector<Array> a;
-    for (int i = 0; i < 4; ++i) a.push_back(Array::Open(tables[i], names[csr][i], false));
+    const TableArrays t = TableArrays::Open(table, csr ? TableArrays::kCsr : TableArrays::kJax);
     py::gil_scoped_release release;
     std::unique_lock lock(mutex_);
     if (csr) {
-      plan_.Plan(shape,
-                 rpa::CsrPageTable{a[0].const_view(), a[1].const_view(), a[2].const_view(),
-                                   a[3].const_view()},
-                 options);
+      plan_.Plan(shape, t.As<rpa::CsrPageTable>(), options);
     } else {
-      plan_.Plan(shape,
-                 rpa::PageTable{a[0].const_view(), a[1].const_view(), a[2].const_view(),
-                                a[3].const_view()},
-                 options);
+      plan_.Plan(shape, t.As<rpa::PageTable>(), options);
     }
   }
 
-  // v is None for a combined cache; kv_dtype names a float8 array's own
-  // dtype (rpa._api._as_codes), else a uint8 cache is read as the planned
+  // v is None for a combined cache. Keywords: sinks, lse, k_scale, v_scale
+  // and kv_dtype, which names a float8 array's own dtype
+  // (rpa._api._as_codes); without it a uint8 cache is read as the planned
   // quantized kv_dtype.
-  py::object Run(py::handle q, py::handle k, py::handle v, py::handle out, py::handle sinks,
-                 py::handle lse, py::handle k_scale, py::handle v_scale, py::handle kv_dtype) {
+  py::object Run(py::handle q, py::handle k, py::handle v, py::handle out,
+                 const py::kwargs& kwargs) {
+    Keywords kw(kwargs);
     RunArrays a;
     a.q = Array::Open(q, "q", false);
-    const bool split = !v.is_none();
-    const std::string k_name = split ? "k_pages" : "kv_pages";
-    a.k = Array::Open(k, k_name, false);
-    if (split) a.v = Array::Open(v, "v_pages", false);
-    const std::optional<rpa::DType> as = ReadCacheAs(kv_dtype);
-    a.k.Reinterpret(as, k_name, "kv_dtype");
-    if (split) a.v.Reinterpret(as, "v_pages", "kv_dtype");
+    // Separate caches take the planned layout, set under the lock below.
+    const std::optional<rpa::KVLayout> split =
+        v.is_none() ? std::nullopt : std::optional(rpa::KVLayout::kNHD);
+    a.cache = CacheArrays::Open(k, v, split, ReadCacheAs(kw.Take("kv_dtype")));
     rpa::RunExtras extras;
-    extras.k_scale = OptionalFloat(k_scale, "k_scale");
-    extras.v_scale = OptionalFloat(v_scale, "v_scale");
-    extras.sinks = OpenSinks(sinks, a.sinks);
-    RowOutputs outputs(out, lse, {&a.q, &a.k, &a.v, &a.sinks});
+    extras.k_scale = kw.Float("k_scale");
+    extras.v_scale = kw.Float("v_scale");
+    extras.sinks = OpenSinks(kw.Take("sinks"), a.sinks);
+    const py::object lse = kw.Take("lse");
+    kw.Done("AttentionPlan.run");
+    RowOutputs outputs(out, lse, {&a.q, &a.cache.k, &a.cache.v, &a.sinks});
     extras.lse = outputs.LseView();
     {
       py::gil_scoped_release release;
       std::shared_lock lock(mutex_);
-      if (split) {
-        const std::optional<rpa::KVLayout> layout = plan_.shape().kv_layout;
-        plan_.Run(a.q.const_view(),
-                  rpa::KVPages{a.k.const_view(), a.v.const_view(),
-                               layout.value_or(rpa::KVLayout::kNHD)},
-                  outputs.out.view(), extras);
-      } else {
-        plan_.Run(a.q.const_view(), a.k.const_view(), outputs.out.view(), extras);
-      }
+      if (a.cache.layout) a.cache.layout = plan_.shape().kv_layout.value_or(rpa::KVLayout::kNHD);
+      std::visit(
+          [&](const auto& kv) { plan_.Run(a.q.const_view(), kv, outputs.out.view(), extras); },
+          a.cache.View());
     }
     outputs.Commit();
     return py::reinterpret_borrow<py::object>(out);
@@ -1103,26 +1168,28 @@ class Plan {
 
  private:
   struct RunArrays {
-    Array q, k, v, sinks;
+    Array q, sinks;
+    CacheArrays cache;
   };
 
-  static rpa::AttentionShape Shape(const PlanArgs& args) {
-    const rpa::DType q_dtype = DtypeByName(args.q_dtype, "q_dtype");
-    return rpa::AttentionShape{
-        OptionalInt(args.num_tokens, "num_tokens").value_or(-1),
-        RequiredInt(args.num_q_heads, "num_q_heads"),
-        RequiredInt(args.num_kv_heads, "num_kv_heads"),
-        RequiredInt(args.head_dim, "head_dim"),
-        RequiredInt(args.num_pages, "num_pages"),
-        RequiredInt(args.page_size, "page_size"),
-        q_dtype,
-        args.kv_dtype.is_none() ? q_dtype : DtypeByName(args.kv_dtype, "kv_dtype"),
-        ToLayout(args.kv_layout)};
+  static rpa::AttentionShape Shape(Keywords& kw) {
+    const rpa::DType q_dtype = DtypeByName(kw.Take("q_dtype"), "q_dtype");
+    const py::object kv_dtype = kw.Take("kv_dtype");
+    return rpa::AttentionShape{kw.Int("num_tokens").value_or(-1),
+                               kw.Required("num_q_heads"),
+                               kw.Required("num_kv_heads"),
+                               kw.Required("head_dim"),
+                               kw.Required("num_pages"),
+                               kw.Required("page_size"),
+                               q_dtype,
+                               kv_dtype.is_none() ? q_dtype : DtypeByName(kv_dtype, "kv_dtype"),
+                               ToLayout(kw.Take("kv_layout"))};
   }
 
-  static rpa::AttentionOptions Options(const PlanArgs& args, OptionArrays& arrays) {
-    rpa::AttentionOptions options = ToOptions(args.options, arrays);
-    const std::optional<int64_t> window_left = OptionalInt(args.window_left, "window_left");
+  // rpa.ragged_paged_attention's options plus FlashInfer's window_left.
+  static rpa::AttentionOptions Options(Keywords& kw, OptionArrays& arrays) {
+    rpa::AttentionOptions options = ToOptions(kw, arrays);
+    const std::optional<int64_t> window_left = kw.Int("window_left");
     if (window_left) {
       if (options.sliding_window) {
         ThrowValue(rpa::ErrorKind::kOption,
@@ -1153,47 +1220,46 @@ class Plan {
 // is released while either waits or works).
 class MlaPlanBinding {
  public:
-  struct ShapeArgs {
-    py::object num_heads, head_dim_ckv, head_dim_kpe, page_size, num_pages, q_dtype, kv_dtype;
-  };
-
-  void Plan(py::handle qo_indptr, py::handle kv_indptr, py::handle kv_indices,
-            py::handle kv_len_arr, const ShapeArgs& shape_args, bool causal,
-            py::handle sm_scale, py::handle num_threads) {
-    const rpa::DType q_dtype = DtypeByName(shape_args.q_dtype, "q_data_type");
+  // `table`: (qo_indptr, kv_indptr, kv_indices, kv_len_arr). Keywords:
+  // FlashInfer's plan() arguments (num_heads, head_dim_ckv, head_dim_kpe,
+  // page_size, causal, sm_scale, q_data_type, kv_data_type), num_pages and
+  // num_threads.
+  void Plan(const py::tuple& table, const py::kwargs& kwargs) {
+    Keywords kw(kwargs);
+    const rpa::DType q_dtype = DtypeByName(kw.Take("q_data_type"), "q_data_type");
+    const py::object kv_dtype = kw.Take("kv_data_type");
     const rpa::MlaShape shape{
-        RequiredInt(shape_args.num_heads, "num_heads"),
-        RequiredInt(shape_args.head_dim_ckv, "head_dim_ckv"),
-        RequiredInt(shape_args.head_dim_kpe, "head_dim_kpe"),
-        RequiredInt(shape_args.page_size, "page_size"),
-        RequiredInt(shape_args.num_pages, "num_pages"),
+        kw.Required("num_heads"),
+        kw.Required("head_dim_ckv"),
+        kw.Required("head_dim_kpe"),
+        kw.Required("page_size"),
+        kw.Required("num_pages"),
         q_dtype,
-        shape_args.kv_dtype.is_none() ? q_dtype : DtypeByName(shape_args.kv_dtype, "kv_data_type")};
+        kv_dtype.is_none() ? q_dtype : DtypeByName(kv_dtype, "kv_data_type")};
     rpa::MlaOptions options;
-    options.causal = causal;
-    options.sm_scale = OptionalFloat(sm_scale, "sm_scale").value_or(1.0);
-    options.num_threads = OptionalThreads(num_threads);
-    const Array a = Array::Open(qo_indptr, "qo_indptr", false);
-    const Array b = Array::Open(kv_indptr, "kv_indptr", false);
-    const Array c = Array::Open(kv_indices, "kv_indices", false);
-    const Array d = Array::Open(kv_len_arr, "kv_len_arr", false);
+    options.causal = kw.Bool("causal").value_or(false);
+    options.sm_scale = kw.Float("sm_scale").value_or(1.0);
+    options.num_threads = kw.Threads();
+    kw.Done("MlaPlan.plan");
+    const TableArrays t = TableArrays::Open(table, TableArrays::kMla);
     py::gil_scoped_release release;
     std::unique_lock lock(mutex_);
-    plan_.Plan(shape,
-               rpa::MlaPageTable{a.const_view(), b.const_view(), c.const_view(), d.const_view()},
-               options);
+    plan_.Plan(shape, t.As<rpa::MlaPageTable>(), options);
   }
 
-  // kv_dtype names a float8 cache's own dtype (read from its uint8 view);
-  // none: a uint8 cache is read as the planned float8 kv_dtype.
+  // Keywords: lse, kv_scale and kv_dtype, which names a float8 cache's own
+  // dtype (read from its uint8 view); without it a uint8 cache is read as
+  // the planned float8 kv_dtype.
   py::object Run(py::handle q_nope, py::handle q_pe, py::handle ckv, py::handle kpe,
-                 py::handle out, py::handle lse, py::handle kv_scale, py::handle kv_dtype) {
+                 py::handle out, const py::kwargs& kwargs) {
+    Keywords kw(kwargs);
     const Array qn = Array::Open(q_nope, "q_nope", false);
     const Array qp = Array::Open(q_pe, "q_pe", false);
     Array c = Array::Open(ckv, "ckv_cache", false);
     Array k = Array::Open(kpe, "kpe_cache", false);
     // A uint8 cache holds codes of the planned float8 dtype.
-    std::optional<rpa::DType> as = ParseDtypeName(kv_dtype, "kv_dtype", /*any_kv=*/true);
+    std::optional<rpa::DType> as =
+        ParseDtypeName(kw.Take("kv_dtype"), "kv_dtype", /*any_kv=*/true);
     if (!as) {
       py::gil_scoped_release release;
       std::shared_lock lock(mutex_);
@@ -1202,7 +1268,9 @@ class MlaPlanBinding {
     c.Reinterpret(as, "ckv_cache", "kv_dtype");
     k.Reinterpret(as, "kpe_cache", "kv_dtype");
     rpa::MlaRunExtras extras;
-    extras.kv_scale = OptionalFloat(kv_scale, "kv_scale").value_or(1.0);
+    extras.kv_scale = kw.Float("kv_scale").value_or(1.0);
+    const py::object lse = kw.Take("lse");
+    kw.Done("MlaPlan.run");
     RowOutputs outputs(out, lse, {&qn, &qp, &c, &k});
     extras.lse = outputs.LseView();
     {
@@ -1242,35 +1310,35 @@ class MlaPlanBinding {
   std::shared_mutex mutex_;
 };
 
-void BindMla(py::module_& m) {
-  py::class_<MlaPlanBinding>(m, "MlaPlan",
-                             "rpa::MlaPlan: FlashInfer's MLA plan / run; see "
-                             "rpa.BatchMLAAttention.")
-      .def(py::init<>())
-      .def(
-          "plan",
-          [](MlaPlanBinding& self, py::handle qo_indptr, py::handle kv_indptr,
-             py::handle kv_indices, py::handle kv_len_arr, py::object num_heads,
-             py::object head_dim_ckv, py::object head_dim_kpe, py::object page_size,
-             bool causal, py::object sm_scale, py::object q_data_type, py::object kv_data_type,
-             py::object num_pages, py::object num_threads) {
-            self.Plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr,
-                      {num_heads, head_dim_ckv, head_dim_kpe, page_size, num_pages, q_data_type,
-                       kv_data_type},
-                      causal, sm_scale, num_threads);
-          },
-          py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"),
-          py::arg("kv_len_arr"), py::arg("num_heads"), py::arg("head_dim_ckv"),
-          py::arg("head_dim_kpe"), py::arg("page_size"), py::arg("causal"),
-          py::arg("sm_scale").none(true), py::arg("q_data_type"),
-          py::arg("kv_data_type").none(true), py::kw_only(), py::arg("num_pages"),
-          py::arg("num_threads").none(true),
-          "Plans from FlashInfer's MLA page table.")
-      .def("run", &MlaPlanBinding::Run, py::arg("q_nope"), py::arg("q_pe"), py::arg("ckv_cache"),
-           py::arg("kpe_cache"), py::arg("out"), py::kw_only(), py::arg("lse").none(true),
-           py::arg("kv_scale").none(true), py::arg("kv_dtype").none(true),
-           "Runs the plan into `out` (and `lse`) and returns out.")
-      .def("info", &MlaPlanBinding::Info, "The planned shape, sequences, threads and kernel.");
+// rpa.explain_block_sizes: (num_kv_pages_per_block, num_queries_per_block,
+// source, explanation). Keywords: rpa::BlockSizeConfig's extents,
+// vmem_limit_bytes.
+py::tuple ChooseBlockSizes(const std::string& q_dtype, const std::string& kv_dtype,
+                           const py::kwargs& kwargs) {
+  auto parse = [](const std::string& name) {
+    const std::optional<rpa::DType> dtype = rpa::DTypeFromString(name);
+    if (!dtype) {
+      throw rpa::Error(rpa::ErrorKind::kDtype, "dtype '" + name +
+                                                   "' is not one rpa knows. Pass a dtype "
+                                                   "name such as 'bfloat16'.");
+    }
+    return *dtype;
+  };
+  Keywords kw(kwargs);
+  const int64_t page_size = std::max<int64_t>(kw.Required("page_size"), 1);
+  const rpa::BlockSizeConfig config{parse(q_dtype),
+                                    parse(kv_dtype),
+                                    kw.Required("num_q_heads"),
+                                    kw.Required("num_kv_heads"),
+                                    kw.Required("head_dim"),
+                                    page_size,
+                                    kw.Required("max_num_batched_tokens"),
+                                    page_size * kw.Required("pages_per_seq")};
+  const std::optional<int64_t> vmem_limit_bytes = kw.Int("vmem_limit_bytes");
+  kw.Done("choose_block_sizes");
+  const rpa::BlockSizeChoice choice = rpa::ChooseBlockSizes(config, vmem_limit_bytes);
+  return py::make_tuple(choice.sizes.num_kv_pages_per_block, choice.sizes.num_queries_per_block,
+                        rpa::ToString(choice.source), choice.explanation);
 }
 
 // For tests and debugging: how an argument reaches the library.
@@ -1324,70 +1392,22 @@ PYBIND11_MODULE(_rpa, m) {
   build["kernels"] = rpa::DescribeKernels(rpa::DType::kBF16);
   m.attr("build_info") = build;
 
-  m.def(
-      "ragged",
-      [](bool reference, py::handle q, py::handle k, py::handle v, py::handle layout,
-         py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens, py::handle num_seqs,
-         py::handle out, py::handle sinks, py::handle lse, py::object sm_scale,
-         py::object sliding_window, py::object soft_cap, py::object mask_value,
-         py::object k_scale, py::object v_scale, py::object num_kv_pages_per_block,
-         py::object num_queries_per_block, py::object vmem_limit_bytes,
-         py::object num_threads, py::object kv_dtype, py::object causal,
-         py::object alibi_slopes, py::object custom_mask, py::object packed_custom_mask) {
-        return Ragged(reference, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs,
-                      out, sinks, lse, kv_dtype,
-                      {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
-                       num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes,
-                       num_threads, causal, alibi_slopes, custom_mask, packed_custom_mask});
-      },
-      py::arg("reference"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
-      py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
-      py::arg("cu_q_lens"), py::arg("num_seqs"), py::arg("out"), py::kw_only(),
-      py::arg("sinks").none(true) = py::none(), py::arg("lse").none(true) = py::none(),
-      py::arg("sm_scale").none(true), py::arg("sliding_window").none(true),
-      py::arg("soft_cap").none(true), py::arg("mask_value").none(true),
-      py::arg("k_scale").none(true), py::arg("v_scale").none(true),
-      py::arg("num_kv_pages_per_block").none(true), py::arg("num_queries_per_block").none(true),
-      py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
-      py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
-      py::arg("alibi_slopes").none(true) = py::none(),
-      py::arg("custom_mask").none(true) = py::none(),
-      py::arg("packed_custom_mask").none(true) = py::none(),
-      "Runs a ragged call into `out` and returns it; see rpa.ragged_paged_attention.");
-
-  m.def(
-      "ragged_kv_write",
-      [](py::handle q, py::handle new_k, py::handle new_v, py::handle k, py::handle v,
-         py::handle layout, py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens,
-         py::handle num_seqs, py::handle out, py::handle sinks, py::handle lse,
-         py::object sm_scale, py::object sliding_window, py::object soft_cap,
-         py::object mask_value, py::object k_scale, py::object v_scale,
-         py::object num_kv_pages_per_block, py::object num_queries_per_block,
-         py::object vmem_limit_bytes, py::object num_threads, py::object kv_dtype,
-         py::object causal, py::object alibi_slopes, py::object custom_mask,
-         py::object packed_custom_mask) {
-        return RaggedWithKVWrite(q, new_k, new_v, k, v, layout, kv_lens, page_indices,
-                                 cu_q_lens, num_seqs, out, sinks, lse, kv_dtype,
-                                 {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
-                                  v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                  vmem_limit_bytes, num_threads, causal, alibi_slopes,
-                                  custom_mask, packed_custom_mask});
-      },
-      py::arg("q"), py::arg("new_k"), py::arg("new_v"), py::arg("k"), py::arg("v").none(true),
-      py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
-      py::arg("cu_q_lens"), py::arg("num_seqs"), py::arg("out"), py::kw_only(),
-      py::arg("sinks").none(true) = py::none(), py::arg("lse").none(true) = py::none(),
-      py::arg("sm_scale").none(true), py::arg("sliding_window").none(true),
-      py::arg("soft_cap").none(true), py::arg("mask_value").none(true),
-      py::arg("k_scale").none(true), py::arg("v_scale").none(true),
-      py::arg("num_kv_pages_per_block").none(true), py::arg("num_queries_per_block").none(true),
-      py::arg("vmem_limit_bytes").none(true), py::arg("num_threads").none(true),
-      py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
-      py::arg("alibi_slopes").none(true) = py::none(),
-      py::arg("custom_mask").none(true) = py::none(),
-      py::arg("packed_custom_mask").none(true) = py::none(),
-      "Writes new_k/new_v into the cache, then attends into `out` and returns it; see "
-      "rpa.ragged_paged_attention_with_kv_write.");
+  // Every call's options travel as keywords (rpa/_api.py's one option list),
+  // read once by the function above that converts them; the positional
+  // arguments are its arrays, a page table as one tuple.
+  m.def("ragged", &Ragged, py::arg("reference"), py::arg("q"), py::arg("k"),
+        py::arg("v").none(true), py::arg("table"), py::arg("out"),
+        "Runs a ragged call into `out` and returns it; see rpa.ragged_paged_attention.");
+  m.def("ragged_kv_write", &RaggedWithKVWrite, py::arg("new_k"), py::arg("new_v"), py::arg("q"),
+        py::arg("k"), py::arg("v").none(true), py::arg("table"), py::arg("out"),
+        "Writes new_k/new_v into the cache, then attends into `out` and returns it; see "
+        "rpa.ragged_paged_attention_with_kv_write.");
+  m.def("validate", &Validate, py::arg("dynamic"), py::arg("q"), py::arg("k"),
+        py::arg("v").none(true), py::arg("table"),
+        "Static (dynamic=False) or static and dynamic checks of a ragged call.");
+  m.def("paged", &Paged, py::arg("q"), py::arg("k_pages"), py::arg("v_pages"),
+        py::arg("lengths"), py::arg("page_indices"), py::arg("out"),
+        "Runs JAX's paged_attention into `out` and returns it; see rpa.paged_attention.");
 
   m.def("merge_states", &Merge, py::arg("out_a"), py::arg("lse_a"), py::arg("out_b"),
         py::arg("lse_b"), py::arg("out"), py::arg("lse"), py::kw_only(),
@@ -1399,71 +1419,9 @@ PYBIND11_MODULE(_rpa, m) {
         py::arg("scale").none(true), py::arg("out"),
         "Writes float32 codes * scale into `out`; see rpa.dequantize.");
 
-  m.def(
-      "validate",
-      [](bool dynamic, py::handle q, py::handle k, py::handle v, py::handle layout,
-         py::handle kv_lens, py::handle page_indices, py::handle cu_q_lens, py::handle num_seqs,
-         py::handle sinks, py::object sm_scale, py::object sliding_window, py::object soft_cap,
-         py::object mask_value, py::object k_scale, py::object v_scale,
-         py::object num_kv_pages_per_block, py::object num_queries_per_block,
-         py::object vmem_limit_bytes, py::object kv_dtype, py::object causal,
-         py::object alibi_slopes, py::object custom_mask, py::object packed_custom_mask) {
-        Validate(dynamic, q, k, v, layout, kv_lens, page_indices, cu_q_lens, num_seqs, sinks,
-                 kv_dtype, {sm_scale, sliding_window, soft_cap, mask_value, k_scale, v_scale,
-                  num_kv_pages_per_block, num_queries_per_block, vmem_limit_bytes, py::none(),
-                  causal, alibi_slopes, custom_mask, packed_custom_mask});
-      },
-      py::arg("dynamic"), py::arg("q"), py::arg("k"), py::arg("v").none(true),
-      py::arg("layout").none(true), py::arg("kv_lens"), py::arg("page_indices"),
-      py::arg("cu_q_lens"), py::arg("num_seqs"), py::kw_only(),
-      py::arg("sinks").none(true) = py::none(), py::arg("sm_scale").none(true),
-      py::arg("sliding_window").none(true), py::arg("soft_cap").none(true),
-      py::arg("mask_value").none(true), py::arg("k_scale").none(true),
-      py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
-      py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
-      py::arg("kv_dtype").none(true) = py::none(), py::arg("causal").none(true) = py::none(),
-      py::arg("alibi_slopes").none(true) = py::none(),
-      py::arg("custom_mask").none(true) = py::none(),
-      py::arg("packed_custom_mask").none(true) = py::none(),
-      "Static (dynamic=False) or static and dynamic checks of a ragged call.");
-
-  m.def("paged", &Paged, py::arg("q"), py::arg("k_pages"), py::arg("v_pages"),
-        py::arg("lengths"), py::arg("page_indices"), py::arg("out"), py::kw_only(),
-        py::arg("mask_value").none(true), py::arg("attn_logits_soft_cap").none(true),
-        py::arg("pages_per_compute_block").none(true), py::arg("megacore_mode").none(true),
-        py::arg("inline_seq_dim"), py::arg("num_threads").none(true),
-        py::arg("kv_dtype").none(true) = py::none(),
-        "Runs JAX's paged_attention into `out` and returns it; see rpa.paged_attention.");
-
-  m.def(
-      "choose_block_sizes",
-      [](const std::string& q_dtype, const std::string& kv_dtype, int64_t num_q_heads,
-         int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
-         int64_t max_num_batched_tokens, int64_t pages_per_seq,
-         std::optional<int64_t> vmem_limit_bytes) {
-        auto parse = [](const std::string& name) {
-          const std::optional<rpa::DType> dtype = rpa::DTypeFromString(name);
-          if (!dtype) {
-            throw rpa::Error(rpa::ErrorKind::kDtype, "dtype '" + name +
-                                                         "' is not one rpa knows. Pass a dtype "
-                                                         "name such as 'bfloat16'.");
-          }
-          return *dtype;
-        };
-        const rpa::BlockSizeConfig config{parse(q_dtype), parse(kv_dtype), num_q_heads,
-                                          num_kv_heads, head_dim, std::max<int64_t>(page_size, 1),
-                                          max_num_batched_tokens,
-                                          std::max<int64_t>(page_size, 1) * pages_per_seq};
-        const rpa::BlockSizeChoice choice = rpa::ChooseBlockSizes(config, vmem_limit_bytes);
-        return py::make_tuple(choice.sizes.num_kv_pages_per_block,
-                              choice.sizes.num_queries_per_block, rpa::ToString(choice.source),
-                              choice.explanation);
-      },
-      py::arg("q_dtype"), py::arg("kv_dtype"), py::arg("num_q_heads"), py::arg("num_kv_heads"),
-      py::arg("head_dim"), py::arg("page_size"), py::arg("max_num_batched_tokens"),
-      py::arg("pages_per_seq"), py::arg("vmem_limit_bytes").none(true) = py::none(),
-      "(num_kv_pages_per_block, num_queries_per_block, source, explanation) the library "
-      "chooses; see rpa.get_tuned_block_sizes.");
+  m.def("choose_block_sizes", &ChooseBlockSizes, py::arg("q_dtype"), py::arg("kv_dtype"),
+        "(num_kv_pages_per_block, num_queries_per_block, source, explanation) the library "
+        "chooses; see rpa.get_tuned_block_sizes.");
   m.def("load_tuned_block_sizes", &rpa::LoadTunedBlockSizes, py::arg("path"),
         "Loads a tuned block-size table (rpa tune's JSON); see rpa.load_tuned_block_sizes.");
   m.def("set_cpu_binding", &rpa::SetCpuBinding, py::arg("cpus"),
@@ -1475,50 +1433,24 @@ PYBIND11_MODULE(_rpa, m) {
                    "rpa::AttentionPlan: plan once per step, run per layer; see "
                    "rpa.BatchAttention.")
       .def(py::init<>())
-      .def(
-          "plan",
-          [](Plan& self, const std::string& form, py::handle a, py::handle b, py::handle c,
-             py::handle d, py::object num_tokens, py::object num_q_heads,
-             py::object num_kv_heads, py::object head_dim, py::object num_pages,
-             py::object page_size, py::object q_dtype, py::object kv_dtype, py::object kv_layout,
-             py::object window_left, py::object sm_scale, py::object sliding_window,
-             py::object soft_cap, py::object mask_value, py::object k_scale, py::object v_scale,
-             py::object num_kv_pages_per_block, py::object num_queries_per_block,
-             py::object vmem_limit_bytes, py::object num_threads, py::object causal,
-             py::object alibi_slopes, py::object custom_mask, py::object packed_custom_mask) {
-            self.PlanFrom(form, {a, b, c, d},
-                          PlanArgs{num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages,
-                                   page_size, q_dtype, kv_dtype, kv_layout, window_left,
-                                   {sm_scale, sliding_window, soft_cap, mask_value, k_scale,
-                                    v_scale, num_kv_pages_per_block, num_queries_per_block,
-                                    vmem_limit_bytes, num_threads, causal, alibi_slopes,
-                                    custom_mask, packed_custom_mask}});
-          },
-          py::arg("form"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::kw_only(),
-          py::arg("num_tokens").none(true), py::arg("num_q_heads"), py::arg("num_kv_heads"),
-          py::arg("head_dim"), py::arg("num_pages"), py::arg("page_size"), py::arg("q_dtype"),
-          py::arg("kv_dtype").none(true), py::arg("kv_layout").none(true),
-          py::arg("window_left").none(true), py::arg("sm_scale").none(true),
-          py::arg("sliding_window").none(true), py::arg("soft_cap").none(true),
-          py::arg("mask_value").none(true), py::arg("k_scale").none(true),
-          py::arg("v_scale").none(true), py::arg("num_kv_pages_per_block").none(true),
-          py::arg("num_queries_per_block").none(true), py::arg("vmem_limit_bytes").none(true),
-          py::arg("num_threads").none(true), py::arg("causal").none(true) = py::none(),
-          py::arg("alibi_slopes").none(true) = py::none(),
-          py::arg("custom_mask").none(true) = py::none(),
-          py::arg("packed_custom_mask").none(true) = py::none(),
-          "Plans from JAX's page table (form='jax': kv_lens, page_indices, cu_q_lens, "
-          "num_seqs) or FlashInfer's (form='csr': qo_indptr, kv_indptr, kv_indices, "
-          "kv_last_page_len).")
+      .def("plan", &Plan::PlanFrom, py::arg("form"), py::arg("table"),
+           "Plans from JAX's page table (form='jax': kv_lens, page_indices, cu_q_lens, "
+           "num_seqs) or FlashInfer's (form='csr': qo_indptr, kv_indptr, kv_indices, "
+           "kv_last_page_len).")
       .def("run", &Plan::Run, py::arg("q"), py::arg("k"), py::arg("v").none(true),
-           py::arg("out"), py::kw_only(), py::arg("sinks").none(true) = py::none(),
-           py::arg("lse").none(true) = py::none(), py::arg("k_scale").none(true) = py::none(),
-           py::arg("v_scale").none(true) = py::none(),
-           py::arg("kv_dtype").none(true) = py::none(),
-           "Runs the plan into `out` (and `lse`) and returns out.")
+           py::arg("out"), "Runs the plan into `out` (and `lse`) and returns out.")
       .def("info", &Plan::Info, "The planned shape, sequences, threads, tiles and kernels.");
 
-  BindMla(m);
+  py::class_<MlaPlanBinding>(m, "MlaPlan",
+                             "rpa::MlaPlan: FlashInfer's MLA plan / run; see "
+                             "rpa.BatchMLAAttention.")
+      .def(py::init<>())
+      .def("plan", &MlaPlanBinding::Plan, py::arg("table"),
+           "Plans from FlashInfer's MLA page table.")
+      .def("run", &MlaPlanBinding::Run, py::arg("q_nope"), py::arg("q_pe"), py::arg("ckv_cache"),
+           py::arg("kpe_cache"), py::arg("out"),
+           "Runs the plan into `out` (and `lse`) and returns out.")
+      .def("info", &MlaPlanBinding::Info, "The planned shape, sequences, threads and kernel.");
 
   m.def("view_info", &ViewInfo, py::arg("x"), py::arg("writable") = false,
         "How an array reaches the library: data pointer, dtype, shape, element strides and "

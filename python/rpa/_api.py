@@ -22,6 +22,86 @@ DEFAULT_MASK_VALUE: float = _rpa.DEFAULT_MASK_VALUE
 Error = _rpa.Error
 
 
+class Option:
+  """One keyword of the ragged calls (RAGGED_OPTIONS): its name, its default
+  in ragged_paged_attention, its annotation (as text, PEP 563), its type in
+  torch.ops.rpa's schemas (rpa/torch.py; None: not there) and the schema's
+  default where it differs, and whether BatchAttention.plan takes it (False:
+  a run's or the wrapper's). A plain class: `import rpa` stays free of
+  typing and collections."""
+  __slots__ = ("name", "default", "annotation", "torch", "torch_default", "planned")
+
+  def __init__(self, name, default, annotation, torch, torch_default=None, planned=True):
+    self.name, self.default, self.annotation = name, default, annotation
+    self.torch, self.torch_default, self.planned = torch, torch_default, planned
+
+
+# The keyword-only options of ragged_paged_attention, its reference, its
+# fused-KV-write variant and the two validators, in their signatures' order:
+# the one list their signatures (_ragged_signature), the forwarding to the
+# binding, BatchAttention.plan's keywords and torch.ops.rpa's schemas are
+# derived from. What each one means: ragged_paged_attention's docstring.
+RAGGED_OPTIONS = (
+    Option("sm_scale", 1.0, "float", "float"),
+    Option("sliding_window", None, "int | None", "int?"),
+    Option("soft_cap", None, "float | None", "float?"),
+    Option("mask_value", None, "float | None", "float?"),
+    Option("k_scale", None, "float | None", "float?"),
+    Option("v_scale", None, "float | None", "float?"),
+    Option("num_kv_pages_per_block", None, "int | None", "int?"),
+    Option("num_queries_per_block", None, "int | None", "int?"),
+    Option("vmem_limit_bytes", None, "int | None", "int?"),
+    Option("kv_layout", None, "str | None", "str?", planned=False),
+    Option("kv_dtype", None, None, "str?", planned=False),
+    Option("sinks", None, None, "Tensor?", planned=False),
+    Option("return_lse", False, "bool", None, planned=False),
+    Option("num_threads", None, "int | None", "int?", planned=False),
+    Option("out", None, None, None, planned=False),
+    Option("causal", None, "bool | None", "bool", torch_default=True),
+    Option("alibi_slopes", None, None, "Tensor?"),
+    Option("custom_mask", None, None, None),
+    Option("packed_custom_mask", None, None, None),
+)
+# What only the computing calls take (the validators do not).
+_RESULT_OPTIONS = ("return_lse", "num_threads", "out")
+
+
+def _ragged_signature(omit=(), defaults=None):
+  """Gives `fn(<positional arrays>, **options)` the keyword-only parameters
+  RAGGED_OPTIONS (less `omit`, with `defaults` where they differ): returns a
+  function with fn's name, docstring and positional parameters plus those,
+  that calls fn with every option by name. Written as source and compiled,
+  as dataclasses writes __init__: a real signature (what inspect.signature
+  and help show, and Python's own TypeError for a misspelt keyword) at the
+  cost of an ordinary call, without importing inspect."""
+  defaults = defaults or {}
+
+  def decorate(fn):
+    code = fn.__code__
+    positional = ", ".join(code.co_varnames[:code.co_argcount])
+    table = {o.name: defaults.get(o.name, o.default) for o in RAGGED_OPTIONS if o.name not in omit}
+    keywords = []
+    for o in RAGGED_OPTIONS:
+      if o.name in table:
+        annotation = o.annotation
+        if annotation and table[o.name] is None and "None" not in annotation:
+          annotation += " | None"  # A default overridden to None: the validators' sm_scale.
+        keywords.append(f"{o.name}: {annotation!r}=_table[{o.name!r}]" if annotation else
+                        f"{o.name}=_table[{o.name!r}]")
+    forward = ", ".join(f"{name}={name}" for name in table)
+    source = (f"def {fn.__name__}({positional}, *, {', '.join(keywords)}):\n"
+              f"  return _fn({positional}, {forward})\n")
+    namespace = {"_fn": fn, "_table": table}
+    # dont_inherit: this module's `annotations` future would quote the quoted annotations again.
+    exec(compile(source, f"<rpa._api signature of {fn.__name__}>", "exec", dont_inherit=True),
+         namespace)
+    call = namespace[fn.__name__]
+    call.__doc__, call.__module__, call.__qualname__ = fn.__doc__, fn.__module__, fn.__qualname__
+    return call
+
+  return decorate
+
+
 def _is_array(x) -> bool:
   return hasattr(x, "shape") and hasattr(x, "dtype")
 
@@ -116,29 +196,39 @@ def _cache(kv_pages, kv_layout, kv_dtype):
   return k, v, kv_dtype
 
 
-def _optional_array(x):
-  return None if x is None else _as_array(x)
+def _bool_mask_bytes(custom_mask):
+  """A bool custom_mask as a zero-copy uint8 view of its bytes (the library
+  reads one byte per key)."""
+  custom_mask = _as_array(custom_mask)
+  name = _dtype_name(custom_mask.dtype) if _is_array(custom_mask) else None
+  if name != "bool":
+    raise _error("dtype", f"custom_mask.dtype={getattr(custom_mask, 'dtype', None)} must be "
+                 "bool. Pass one bool per key (True keeps it), or packed_custom_mask for "
+                 "its bits as uint8.")
+  if _is_torch(custom_mask):
+    import torch
+
+    return custom_mask.view(torch.uint8)
+  import numpy as np
+
+  return custom_mask.view(np.uint8)
 
 
-def _masks(custom_mask, packed_custom_mask):
-  """The binding's mask keywords: a bool custom_mask goes as a zero-copy
-  uint8 view of its bytes (the library reads one byte per key)."""
-  if custom_mask is not None:
-    custom_mask = _as_array(custom_mask)
-    name = _dtype_name(custom_mask.dtype) if _is_array(custom_mask) else None
-    if name != "bool":
-      raise _error("dtype", f"custom_mask.dtype={getattr(custom_mask, 'dtype', None)} must be "
-                   "bool. Pass one bool per key (True keeps it), or packed_custom_mask for "
-                   "its bits as uint8.")
-    if _is_torch(custom_mask):
-      import torch
+def _array_options(options):
+  """`options` (a dict of RAGGED_OPTIONS, any subset) with its arrays as the
+  binding reads them: lists become arrays, a bool custom_mask its bytes."""
+  for name in ("sinks", "alibi_slopes", "packed_custom_mask"):
+    if options.get(name) is not None:
+      options[name] = _as_array(options[name])
+  if options.get("custom_mask") is not None:
+    options["custom_mask"] = _bool_mask_bytes(options["custom_mask"])
+  return options
 
-      custom_mask = custom_mask.view(torch.uint8)
-    else:
-      import numpy as np
 
-      custom_mask = custom_mask.view(np.uint8)
-  return {"custom_mask": custom_mask, "packed_custom_mask": _optional_array(packed_custom_mask)}
+def _table(arrays):
+  """A page table's four arrays as the binding takes them: one tuple."""
+  a, b, c, d = arrays
+  return _as_array(a), _as_array(b), _as_array(c), _as_array(d)
 
 
 def _lse_like(q):
@@ -153,18 +243,21 @@ def _lse_like(q):
   return np.empty(shape, np.float32)
 
 
-def _ragged(reference, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
-            kv_dtype, sinks, return_lse, out, **options):
+def _attend(call, leading, q, kv_pages, table, *, kv_layout, kv_dtype, return_lse, out,
+            **options):
+  """The computing ragged calls: `call(*leading, q, k, v, table, out,
+  **keywords)` of the binding, out (and lse) allocated like q unless given."""
+  options = _array_options(options)
   k, v, kv_dtype = _cache(kv_pages, kv_layout, kv_dtype)
   q = _as_array(q)
   if out is None:
     out = _empty_like(q)
   lse = _lse_like(q) if return_lse else None
-  result = _rpa.ragged(
-      reference, q, k, v, kv_layout, _as_array(kv_lens), _as_array(page_indices),
-      _as_array(cu_q_lens), _as_array(num_seqs), out,
-      sinks=None if sinks is None else _as_array(sinks), lse=lse, kv_dtype=kv_dtype, **options)
+  result = call(*leading, q, k, v, _table(table), out, lse=lse, kv_layout=kv_layout,
+                kv_dtype=kv_dtype, **options)
   return (result, lse) if return_lse else result
+
+
 
 
 _KV_PAGES_DOC = """kv_pages: the paged KV cache, one of
@@ -183,34 +276,8 @@ _KV_DTYPE_DOC = """kv_dtype: rpa's: the dtype the cache's bytes hold, "float8_e4
       ml_dtypes float8 arrays are read natively)."""
 
 
-def ragged_paged_attention(
-    q,
-    kv_pages,
-    kv_lens,
-    page_indices,
-    cu_q_lens,
-    num_seqs,
-    *,
-    sm_scale: float = 1.0,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    mask_value: float | None = None,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-    num_kv_pages_per_block: int | None = None,
-    num_queries_per_block: int | None = None,
-    vmem_limit_bytes: int | None = None,
-    kv_layout: str | None = None,
-    kv_dtype=None,
-    sinks=None,
-    return_lse: bool = False,
-    num_threads: int | None = None,
-    out=None,
-    causal: bool | None = None,
-    alibi_slopes=None,
-    custom_mask=None,
-    packed_custom_mask=None,
-):
+@_ragged_signature()
+def ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **options):
   """Ragged paged attention that supports mixed prefill and decode.
 
   A drop-in for `jax.experimental.pallas.ops.tpu.ragged_paged_attention`,
@@ -280,44 +347,13 @@ def ragged_paged_attention(
     ValueError (rpa.Error): any invalid input, with JAX's message where JAX
       has one and a sentence on how to fix it. Nothing is written first.
   """
-  return _ragged(
-      False, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout, kv_dtype,
-      sinks, return_lse, out, sm_scale=sm_scale, sliding_window=sliding_window,
-      soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal,
-      alibi_slopes=_optional_array(alibi_slopes), **_masks(custom_mask, packed_custom_mask))
+  return _attend(_rpa.ragged, (False,), q, kv_pages, (kv_lens, page_indices, cu_q_lens,
+                 num_seqs), **options)
 
 
-def ref_ragged_paged_attention(
-    queries,
-    kv_pages,
-    kv_lens,
-    page_indices,
-    cu_q_lens,
-    num_seqs,
-    *,
-    sm_scale: float = 1.0,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    mask_value: float | None = DEFAULT_MASK_VALUE,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-    num_kv_pages_per_block: int | None = None,
-    num_queries_per_block: int | None = None,
-    vmem_limit_bytes: int | None = None,
-    kv_layout: str | None = None,
-    kv_dtype=None,
-    sinks=None,
-    return_lse: bool = False,
-    num_threads: int | None = None,
-    out=None,
-    causal: bool | None = None,
-    alibi_slopes=None,
-    custom_mask=None,
-    packed_custom_mask=None,
-):
+@_ragged_signature(defaults={"mask_value": DEFAULT_MASK_VALUE})
+def ref_ragged_paged_attention(queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+                               **options):
   """The reference ragged paged attention: the oracle rpa is tested against.
 
   One sequence at a time, accumulating in float64, no tiling; it validates
@@ -347,49 +383,19 @@ def ref_ragged_paged_attention(
   Raises:
     ValueError (rpa.Error): any invalid input; nothing is written first.
   """
-  return _ragged(
-      True, queries, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
-      kv_dtype, sinks, return_lse, out, sm_scale=sm_scale, sliding_window=sliding_window,
-      soft_cap=soft_cap, mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
-      num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block,
-      vmem_limit_bytes=vmem_limit_bytes, num_threads=num_threads, causal=causal,
-      alibi_slopes=_optional_array(alibi_slopes), **_masks(custom_mask, packed_custom_mask))
+  return _attend(_rpa.ragged, (True,), queries, kv_pages, (kv_lens, page_indices, cu_q_lens,
+                 num_seqs), **options)
 
 
-def _validate(dynamic, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
-              kv_dtype, sinks, **options):
+def _validate(dynamic, q, kv_pages, table, *, kv_layout, kv_dtype, **options):
+  options = _array_options(options)
   k, v, kv_dtype = _cache(kv_pages, kv_layout, kv_dtype)
-  _rpa.validate(dynamic, _as_array(q), k, v, kv_layout, _as_array(kv_lens),
-                _as_array(page_indices), _as_array(cu_q_lens), _as_array(num_seqs),
-                sinks=None if sinks is None else _as_array(sinks), kv_dtype=kv_dtype, **options)
+  _rpa.validate(dynamic, _as_array(q), k, v, _table(table), kv_layout=kv_layout,
+                kv_dtype=kv_dtype, **options)
 
 
-def static_validate_inputs(
-    q,
-    kv_pages,
-    kv_lens,
-    page_indices,
-    cu_q_lens,
-    num_seqs,
-    *,
-    sm_scale: float | None = None,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    mask_value: float | None = None,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-    num_kv_pages_per_block: int | None = None,
-    num_queries_per_block: int | None = None,
-    vmem_limit_bytes: int | None = None,
-    kv_layout: str | None = None,
-    kv_dtype=None,
-    sinks=None,
-    causal: bool | None = None,
-    alibi_slopes=None,
-    custom_mask=None,
-    packed_custom_mask=None,
-):
+@_ragged_signature(omit=_RESULT_OPTIONS, defaults={"sm_scale": None})
+def static_validate_inputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **options):
   """Checks shapes, dtypes, layouts and options, without reading the metadata.
 
   JAX runs these checks at trace time; rpa runs them (and the dynamic ones)
@@ -405,41 +411,11 @@ def static_validate_inputs(
     ValueError (rpa.Error): the first failed check, with JAX's message
       (e.g. "num_kv_pages_per_block=64 must be in range (0, 32].") and a fix.
   """
-  _validate(False, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
-            kv_dtype, sinks,
-            sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
-            mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
-            num_kv_pages_per_block=num_kv_pages_per_block,
-            num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
-            causal=causal, alibi_slopes=_optional_array(alibi_slopes),
-            **_masks(custom_mask, packed_custom_mask))
+  _validate(False, q, kv_pages, (kv_lens, page_indices, cu_q_lens, num_seqs), **options)
 
 
-def dynamic_validate_inputs(
-    q,
-    kv_pages,
-    kv_lens,
-    page_indices,
-    cu_q_lens,
-    num_seqs,
-    *,
-    sm_scale: float | None = None,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    mask_value: float | None = None,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-    num_kv_pages_per_block: int | None = None,
-    num_queries_per_block: int | None = None,
-    vmem_limit_bytes: int | None = None,
-    kv_layout: str | None = None,
-    kv_dtype=None,
-    sinks=None,
-    causal: bool | None = None,
-    alibi_slopes=None,
-    custom_mask=None,
-    packed_custom_mask=None,
-):
+@_ragged_signature(omit=_RESULT_OPTIONS, defaults={"sm_scale": None})
+def dynamic_validate_inputs(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **options):
   """The static checks, then the metadata's values.
 
   Checks num_seqs, kv_lens and cu_q_lens, and that every page index a
@@ -455,14 +431,7 @@ def dynamic_validate_inputs(
     ValueError (rpa.Error): the first failed check, e.g.
       "q_len=5 must be less or equal to kv_len=3 at sequence 2.", and a fix.
   """
-  _validate(True, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, kv_layout,
-            kv_dtype, sinks,
-            sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
-            mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
-            num_kv_pages_per_block=num_kv_pages_per_block,
-            num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
-            causal=causal, alibi_slopes=_optional_array(alibi_slopes),
-            **_masks(custom_mask, packed_custom_mask))
+  _validate(True, q, kv_pages, (kv_lens, page_indices, cu_q_lens, num_seqs), **options)
 
 
 def paged_attention(
@@ -528,36 +497,9 @@ def paged_attention(
 
 
 
-def ragged_paged_attention_with_kv_write(
-    q,
-    new_k,
-    new_v,
-    kv_pages,
-    kv_lens,
-    page_indices,
-    cu_q_lens,
-    num_seqs,
-    *,
-    sm_scale: float = 1.0,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-    mask_value: float | None = None,
-    k_scale: float | None = None,
-    v_scale: float | None = None,
-    num_kv_pages_per_block: int | None = None,
-    num_queries_per_block: int | None = None,
-    vmem_limit_bytes: int | None = None,
-    kv_layout: str | None = None,
-    kv_dtype=None,
-    sinks=None,
-    return_lse: bool = False,
-    num_threads: int | None = None,
-    out=None,
-    causal: bool | None = None,
-    alibi_slopes=None,
-    custom_mask=None,
-    packed_custom_mask=None,
-):
+@_ragged_signature()
+def ragged_paged_attention_with_kv_write(q, new_k, new_v, kv_pages, kv_lens, page_indices,
+                                         cu_q_lens, num_seqs, **options):
   """Writes the step's new keys and values into the cache, then attends.
 
   One call for what a serving step does with `ragged_paged_attention` after
@@ -605,21 +547,8 @@ def ragged_paged_attention_with_kv_write(
     ValueError (rpa.Error): any invalid input, e.g. a page index out of
       range or a new_k of the wrong shape; nothing is written first.
   """
-  k, v, kv_dtype = _cache(kv_pages, kv_layout, kv_dtype)
-  q = _as_array(q)
-  if out is None:
-    out = _empty_like(q)
-  lse = _lse_like(q) if return_lse else None
-  result = _rpa.ragged_kv_write(
-      q, _as_rows(new_k), _as_rows(new_v), k, v, kv_layout, _as_array(kv_lens),
-      _as_array(page_indices), _as_array(cu_q_lens), _as_array(num_seqs), out,
-      sinks=None if sinks is None else _as_array(sinks), lse=lse, sm_scale=sm_scale,
-      sliding_window=sliding_window, soft_cap=soft_cap, mask_value=mask_value,
-      k_scale=k_scale, v_scale=v_scale, num_kv_pages_per_block=num_kv_pages_per_block,
-      num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
-      num_threads=num_threads, kv_dtype=kv_dtype, causal=causal,
-      alibi_slopes=_optional_array(alibi_slopes), **_masks(custom_mask, packed_custom_mask))
-  return (result, lse) if return_lse else result
+  return _attend(_rpa.ragged_kv_write, (_as_rows(new_k), _as_rows(new_v)), q, kv_pages,
+                 (kv_lens, page_indices, cu_q_lens, num_seqs), **options)
 
 
 def _as_rows(x):
@@ -799,8 +728,9 @@ def get_tuned_block_sizes(
     (num_kv_pages_per_block, num_queries_per_block).
   """
   pages, queries, _, _ = _rpa.choose_block_sizes(
-      _dtype_name(q_dtype), _dtype_name(kv_dtype), num_q_heads_per_blk, num_kv_heads_per_blk,
-      head_dim, page_size, max_num_batched_tokens, pages_per_seq)
+      _dtype_name(q_dtype), _dtype_name(kv_dtype), num_q_heads=num_q_heads_per_blk,
+      num_kv_heads=num_kv_heads_per_blk, head_dim=head_dim, page_size=page_size,
+      max_num_batched_tokens=max_num_batched_tokens, pages_per_seq=pages_per_seq)
   return pages, queries
 
 
@@ -820,8 +750,10 @@ def explain_block_sizes(q_dtype, kv_dtype, num_q_heads: int, num_kv_heads: int, 
     "nearest" or "heuristic"), "explanation"}.
   """
   pages, queries, source, why = _rpa.choose_block_sizes(
-      _dtype_name(q_dtype), _dtype_name(kv_dtype), num_q_heads, num_kv_heads, head_dim,
-      page_size, max_num_batched_tokens, pages_per_seq, vmem_limit_bytes)
+      _dtype_name(q_dtype), _dtype_name(kv_dtype), num_q_heads=num_q_heads,
+      num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
+      max_num_batched_tokens=max_num_batched_tokens, pages_per_seq=pages_per_seq,
+      vmem_limit_bytes=vmem_limit_bytes)
   return {"num_kv_pages_per_block": pages, "num_queries_per_block": queries, "source": source,
           "explanation": why}
 

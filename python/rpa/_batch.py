@@ -14,24 +14,22 @@ from __future__ import annotations
 import operator
 
 from . import _rpa
-from ._api import (_as_array, _as_codes, _dtype_name, _empty_like, _error, _is_array, _lse_like,
-                   _masks)
+from ._api import (RAGGED_OPTIONS, _array_options, _as_array, _as_codes, _dtype_name,
+                   _empty_like, _error, _is_array, _lse_like, _table)
 
 _LAYOUTS = ("combined", "NHD", "HND")
-# plan()'s options beyond the shape, each None when not given.
-_PLAN_OPTIONS = ("sliding_window", "window_left", "soft_cap", "mask_value", "k_scale", "v_scale",
-                 "num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes", "causal",
-                 "alibi_slopes", "custom_mask", "packed_custom_mask")
-# FlashInfer's names that plan() accepts beside rpa's.
-_ALIASES = ("logits_soft_cap",)
+# plan()'s options beyond the shape: rpa.ragged_paged_attention's that fix
+# the step (sm_scale has FlashInfer's default here) and FlashInfer's
+# window_left; each None when not given.
+_PLAN_OPTIONS = ("window_left",) + tuple(
+    o.name for o in RAGGED_OPTIONS if o.planned and o.name != "sm_scale")
 
 
 def _unknown(options):
   """Raises TypeError for a keyword plan() does not take."""
-  extra = sorted(set(options) - set(_PLAN_OPTIONS) - set(_ALIASES))
+  extra = sorted(set(options) - set(_PLAN_OPTIONS))
   if extra:
     raise TypeError(f"plan() got an unexpected keyword argument {extra[0]!r}")
-  return {}
 
 
 def _name(dtype):
@@ -111,16 +109,13 @@ class BatchAttention:
       sm_scale = _default_sm_scale(head_dim)
     options["soft_cap"] = _soft_cap(options)
     options.pop("logits_soft_cap", None)
-    if options.get("alibi_slopes") is not None:
-      options["alibi_slopes"] = _as_array(options["alibi_slopes"])
-    options.update(_masks(options.get("custom_mask"), options.get("packed_custom_mask")))
+    _unknown(options)
     self._plan_object.plan(
-        form, *(_as_array(t) for t in tables), num_tokens=num_tokens, num_q_heads=num_q_heads,
+        form, _table(tables), num_tokens=num_tokens, num_q_heads=num_q_heads,
         num_kv_heads=num_kv_heads, head_dim=head_dim, num_pages=num_pages,
         page_size=page_size, q_dtype=_dtype_name(q_dtype), kv_dtype=_name(kv_dtype),
         kv_layout=None if self._kv_layout == "combined" else self._kv_layout,
-        num_threads=self._num_threads, sm_scale=sm_scale,
-        **{name: options.get(name) for name in _PLAN_OPTIONS}, **_unknown(options))
+        num_threads=self._num_threads, sm_scale=sm_scale, **_array_options(options))
 
   def plan(self, kv_lens, page_indices, cu_q_lens, num_seqs, **shape_and_options) -> None:
     """Plans the step from JAX's page table (or vLLM's, see vllm_page_table).

@@ -12,7 +12,7 @@ library's. docs/mla.md maps FlashInfer's and vLLM's calls onto this one.
 from __future__ import annotations
 
 from . import _rpa
-from ._api import _as_array, _as_codes, _dtype_name, _empty_like, _lse_like
+from ._api import _as_array, _as_codes, _dtype_name, _empty_like, _lse_like, _table
 
 
 class BatchMLAAttention:
@@ -69,9 +69,10 @@ class BatchMLAAttention:
       ValueError (rpa.Error): the library's message; the previous plan stays.
     """
     self._plan_object.plan(
-        *(_as_array(t) for t in (qo_indptr, kv_indptr, kv_indices, kv_len_arr)),
-        num_heads, head_dim_ckv, head_dim_kpe, page_size, bool(causal), sm_scale,
-        _dtype_name(q_data_type), None if kv_data_type is None else _dtype_name(kv_data_type),
+        _table((qo_indptr, kv_indptr, kv_indices, kv_len_arr)), num_heads=num_heads,
+        head_dim_ckv=head_dim_ckv, head_dim_kpe=head_dim_kpe, page_size=page_size,
+        causal=bool(causal), sm_scale=sm_scale, q_data_type=_dtype_name(q_data_type),
+        kv_data_type=None if kv_data_type is None else _dtype_name(kv_data_type),
         num_pages=num_pages, num_threads=self._num_threads)
 
   def run(self, q_nope, q_pe, ckv_cache, kpe_cache, *, out=None, lse=None,

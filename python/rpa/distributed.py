@@ -4,9 +4,10 @@ under torch.distributed (docs/distributed.md).
 Context parallelism (vLLM's decode context parallel, the merge step of ring
 attention): every rank of a process group holds the same queries and a slice
 of every sequence's KV pages. Each rank attends over its own keys with the
-log-sum-exp (`rpa.ragged_paged_attention(..., return_lse=True)`), the ranks
-exchange their (out, lse) partials over the group, and every rank merges
-them by log-sum-exp into the attention over all keys:
+log-sum-exp (`rpa.BatchAttention`, planned by a step's first layer and run
+with `return_lse=True` by every layer), the ranks exchange their (out, lse)
+partials over the group, and every rank merges them by log-sum-exp into the
+attention over all keys:
 
     shards = split_pages(kv_lens, page_indices, cu_q_lens, num_seqs,
                          page_size=page_size, world_size=world_size)
@@ -24,13 +25,14 @@ that never arrives ends in an error, not a hang.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import zlib
 
 import numpy as np
 
-from . import _api
+from . import _api, _batch
 
 __all__ = [
     "ContextShard",
@@ -97,9 +99,10 @@ class ContextShard:
 
   def __post_init__(self):
     # Per-step derived state, built by the first call and reused by every
-    # layer of the step: the shard's checks and the rank's calls for a sliding
-    # window (see _local_calls). A shard is therefore read-only once used;
-    # the next step gets a new one from split_pages.
+    # layer of the step: the shard's checks, the rank's calls for a sliding
+    # window (see _local_calls) and their plans (_rank_plans). A shard is
+    # therefore read-only once used; the next step gets a new one from
+    # split_pages.
     self._calls = {}
 
 
@@ -242,8 +245,9 @@ def split_pages(kv_lens, page_indices, cu_q_lens, num_seqs, *, page_size: int, w
 
 def _local_calls(shard: ContextShard, sliding_window):
   """[(window, rows, kv_lens, page_indices, cu_q_lens, num_seqs)]: the calls
-  of `rpa.ragged_paged_attention` that compute this rank's partial; `rows`
-  are the q rows each call's q holds, in order. Cached on the shard."""
+  (page tables and windows, planned by _rank_plans) that compute this rank's
+  partial; `rows` are the q rows each call's q holds, in order. Cached on
+  the shard."""
   key = sliding_window
   cached = shard._calls.get(key)
   if cached is not None:
@@ -509,9 +513,53 @@ def _cache_dims(kv_pages, kv_layout):
   return shape[1], shape[2], shape[3], shape[0]
 
 
-def _partial(q, kv_pages, calls, **options):
-  """(out, lse) in float32 of this rank's keys: the calls of _local_calls,
-  each over the q rows it names, scattered back; rows no call holds are
+@contextlib.contextmanager
+def _in_rank_call():
+  """The library's errors in this rank's own plans and runs, saying where."""
+  try:
+    yield
+  except _api.Error as e:
+    raise _error(getattr(e, "kind", None), f"{e} (In this rank's call over its own keys, "
+                 "whose sequences are pieces of the shard's: rpa.distributed builds its "
+                 "metadata from the shard.)") from e
+
+
+def _rank_plans(shard, calls, q, kv_pages, *, sm_scale, sliding_window, soft_cap, mask_value,
+                kv_layout, kv_dtype, num_threads):
+  """[(rows, plan)]: each of this rank's calls (_local_calls) planned as an
+  rpa.BatchAttention over the q rows it names (a LongTensor): the rank's
+  plan for the step, built by the first layer and run by every layer, cached
+  on the shard per cache shape, dtype and options (a layer whose cache
+  differs gets plans of its own). The runs take q in float32."""
+  import torch
+
+  k, v = _api._split_kv(kv_pages, kv_layout)
+  page_size, kv_heads, _, num_pages = _cache_dims(kv_pages, kv_layout)
+  kv_name = _api._name_or_none(kv_dtype) or _api._dtype_name(k.dtype)
+  layout = kv_layout if kv_layout is not None else ("combined" if v is None else "NHD")
+  _, heads, head_dim = (int(d) for d in q.shape)
+  key = ("plans", sliding_window, float(sm_scale), soft_cap, mask_value, num_threads, heads,
+         head_dim, page_size, kv_heads, num_pages, kv_name, layout)
+  plans = shard._calls.get(key)
+  if plans is not None:
+    return plans
+  plans = []
+  with _in_rank_call():
+    for window, rows, kv_lens, page_indices, cu_q_lens, num_seqs in calls:
+      plan = _batch.BatchAttention(kv_layout=layout, num_threads=num_threads)
+      plan.plan(kv_lens, page_indices, cu_q_lens, num_seqs, num_q_heads=heads,
+                num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+                num_pages=num_pages, q_dtype="float32", kv_dtype=kv_name,
+                num_tokens=len(rows), sm_scale=sm_scale, sliding_window=window,
+                soft_cap=soft_cap, mask_value=mask_value)
+      plans.append((torch.from_numpy(rows), plan))
+  shard._calls[key] = plans
+  return plans
+
+
+def _partial(q, kv_pages, plans, *, k_scale=None, v_scale=None):
+  """(out, lse) in float32 of this rank's keys: each plan of _rank_plans run
+  over the q rows it names, scattered back; rows no plan holds are
   (0, -inf), which merges as nothing."""
   import torch
 
@@ -519,18 +567,12 @@ def _partial(q, kv_pages, calls, **options):
   out = torch.zeros(tokens, heads, head_dim, dtype=torch.float32)
   lse = torch.full((tokens, heads), -math.inf, dtype=torch.float32)
   q32 = q.detach().to(torch.float32)  # Exact for bfloat16 / float16 q.
-  for window, rows, kv_lens, page_indices, cu_q_lens, num_seqs in calls:
-    index = torch.from_numpy(rows)
-    try:
-      o, l = _api.ragged_paged_attention(
-          q32.index_select(0, index), kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
-          sliding_window=window, return_lse=True, **options)
-    except _api.Error as e:
-      raise _error(getattr(e, "kind", None), f"{e} (In this rank's call over its own keys, "
-                   "whose sequences are pieces of the shard's: rpa.distributed builds its "
-                   "metadata from the shard.)") from e
-    out.index_copy_(0, index, o)
-    lse.index_copy_(0, index, l)
+  with _in_rank_call():
+    for index, plan in plans:
+      o, l = plan.run(q32.index_select(0, index), kv_pages, return_lse=True, k_scale=k_scale,
+                      v_scale=v_scale)
+      out.index_copy_(0, index, o)
+      lse.index_copy_(0, index, l)
   return out, lse
 
 
@@ -700,8 +742,8 @@ def context_parallel_attention(
                 all_slots_hash=checked[1],
                 options_crc=_crc(float(sm_scale), sliding_window, soft_cap, mask_value,
                                  sinks_np))
-    # With the plan/run API, this is the rank's plan: built once per step from
-    # its shard and reused by every layer (the shard caches it meanwhile).
+    # The rank's calls for this step: built from its shard by the first
+    # layer and reused by every other (cached on the shard), as their plans.
     calls = _local_calls(shard, sliding_window)
   except Exception as e:  # noqa: BLE001 - reported to every rank, then re-raised.
     error = e
@@ -734,9 +776,11 @@ def context_parallel_attention(
   try:
     if error is not None:
       raise error
-    out, lse = _partial(q_t, kv_pages, calls, sm_scale=sm_scale, soft_cap=soft_cap,
-                        mask_value=mask_value, k_scale=k_scale, v_scale=v_scale,
-                        kv_layout=kv_layout, kv_dtype=kv_dtype, num_threads=num_threads)
+    plans = _rank_plans(shard, calls, q_t, kv_pages, sm_scale=sm_scale,
+                        sliding_window=sliding_window, soft_cap=soft_cap,
+                        mask_value=mask_value, kv_layout=kv_layout, kv_dtype=kv_dtype,
+                        num_threads=num_threads)
+    out, lse = _partial(q_t, kv_pages, plans, k_scale=k_scale, v_scale=v_scale)
     status = 0
   except Exception as e:  # noqa: BLE001
     if not distributed:

@@ -50,12 +50,12 @@ OPS = ("ragged_paged_attention", "ragged_paged_attention_with_lse", "reshape_and
 
 _ARGS = ("Tensor q, Tensor kv_pages, Tensor kv_lens, Tensor page_indices, Tensor cu_q_lens, "
          "Tensor num_seqs")
-_OPTIONS = ("float sm_scale=1.0, int? sliding_window=None, float? soft_cap=None, "
-            "float? mask_value=None, float? k_scale=None, float? v_scale=None, "
-            "int? num_kv_pages_per_block=None, int? num_queries_per_block=None, "
-            "int? vmem_limit_bytes=None, Tensor? v_pages=None, str? kv_layout=None, "
-            "str? kv_dtype=None, Tensor? sinks=None, int? num_threads=None, bool causal=True, "
-            "Tensor? alibi_slopes=None")
+# rpa.ragged_paged_attention's options that a schema can carry (_api's one
+# list), then v_pages: a schema has no tuple argument, so separate caches are
+# kv_pages = K and v_pages = V.
+_OPTIONS = ", ".join(
+    [f"{o.torch} {o.name}={o.torch_default if o.torch_default is not None else o.default!r}"
+     for o in _api.RAGGED_OPTIONS if o.torch] + ["Tensor? v_pages=None"])
 
 SCHEMAS = {
     "ragged_paged_attention": f"ragged_paged_attention({_ARGS}, *, {_OPTIONS}) -> Tensor",

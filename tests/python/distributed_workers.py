@@ -174,7 +174,41 @@ def correctness(rank, world_size, outdir):
                                     sinks=sinks_r, num_threads=1)
   heads, _ = rd.tensor_parallel_heads(8, 4, rank, world_size)
   tp = {"diff": max_abs_diff(part, whole[:, heads]), "heads": [heads.start, heads.stop]}
-  return {"checks": checks, "tp": tp}
+  return {"checks": checks, "tp": tp, "step": _step(rank, world_size)}
+
+
+def _step(rank, world_size):
+  """One step of three layers (three caches, one shard): the rank's plans
+  (rpa.BatchAttention.plan, counted) are built by the first layer only,
+  and every layer's merged output is the single-process call's."""
+  import rpa
+  import rpa.distributed as rd
+  from rpa_testing import max_abs_diff
+
+  b, q, kv, _ = _batch(CASES[2][1], CASES[2][2], "float32", seed=5)
+  shard = rd.split_pages(b.kv_lens, b.page_indices, b.cu_q_lens, b.num_seqs,
+                         page_size=CASES[2][2], world_size=world_size)[rank]
+  planned = []
+  plan = rpa.BatchAttention.plan
+
+  def counted(self, *args, **kwargs):
+    planned.append(1)
+    return plan(self, *args, **kwargs)
+
+  rpa.BatchAttention.plan = counted
+  try:
+    plans_after, diffs = [], []
+    for layer in range(3):
+      kv_layer = kv * (1.0 + layer)
+      want = rpa.ragged_paged_attention(q, kv_layer, *b.args[2:], sm_scale=0.25,
+                                        sliding_window=6, num_threads=1)
+      got = rd.context_parallel_attention(q, kv_layer, shard, sm_scale=0.25, sliding_window=6,
+                                          num_threads=1)
+      plans_after.append(len(planned))
+      diffs.append(max_abs_diff(got, want))
+  finally:
+    rpa.BatchAttention.plan = plan
+  return {"plans_after": plans_after, "calls": len(rd._local_calls(shard, 6)), "diffs": diffs}
 
 
 def _expect_error(fn):

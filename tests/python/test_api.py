@@ -54,6 +54,28 @@ def test_signatures_are_jaxs():
     assert all(p.kind == _KW for p in list(inspect.signature(fn).parameters.values())[6:])
 
 
+def test_options_come_from_one_list(rng):
+  """The ragged calls' keywords are rpa._api.RAGGED_OPTIONS: a misspelt one
+  is Python's TypeError, the validators take no result options, arrays may
+  be passed by name, and the binding refuses a keyword it does not read."""
+  b = make_batch(rng, MIXED)
+  names = [o.name for o in rpa._api.RAGGED_OPTIONS]
+  assert [p[0] for p in _params(rpa.ragged_paged_attention)[6:]] == names
+  with pytest.raises(TypeError, match=r"^ragged_paged_attention\(\) got an unexpected keyword "
+                     r"argument 'sliding_windw'$"):
+    rpa.ragged_paged_attention(*b.args, sliding_windw=3)
+  with pytest.raises(TypeError, match=r"^static_validate_inputs\(\) got an unexpected keyword "
+                     r"argument 'return_lse'$"):
+    rpa.static_validate_inputs(*b.args, return_lse=True)
+  by_name = dict(zip(("q", "kv_pages", "kv_lens", "page_indices", "cu_q_lens", "num_seqs"),
+                     b.args))
+  np.testing.assert_array_equal(rpa.ragged_paged_attention(**by_name, sm_scale=0.5),
+                                rpa.ragged_paged_attention(*b.args, sm_scale=0.5))
+  with pytest.raises(TypeError, match=r"rpa\._rpa\.validate\(\) got an unexpected keyword "
+                     r"argument 'soft_capp'"):
+    rpa._rpa.validate(False, b.q, b.kv_pages, None, tuple(b.args[2:]), soft_capp=1.0)
+
+
 def test_public_names_have_docstrings():
   assert rpa.DEFAULT_MASK_VALUE == DEFAULT_MASK_VALUE
   assert issubclass(rpa.Error, ValueError)

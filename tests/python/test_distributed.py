@@ -42,7 +42,10 @@ def _simulate(b, shards, *, sliding_window=None, soft_cap=None, sinks=None, sm_s
   for s in shards:
     rd._check_shard(s, b.q.shape[0], s.page_size)
     calls = rd._local_calls(s, sliding_window)
-    out, lse = rd._partial(q, kv, calls, sm_scale=sm_scale, soft_cap=soft_cap, num_threads=1)
+    plans = rd._rank_plans(s, calls, q, kv, sm_scale=sm_scale, sliding_window=sliding_window,
+                           soft_cap=soft_cap, mask_value=None, kv_layout=None, kv_dtype=None,
+                           num_threads=1)
+    out, lse = rd._partial(q, kv, plans)
     parts.append(torch.cat([out.reshape(-1), lse.reshape(-1), torch.zeros(1)]))
   out, lse = rd._merge_gathered(parts, *q.shape)
   if sinks is not None:
@@ -140,6 +143,55 @@ def test_decode_rows_are_one_call_without_a_window(rng):
   empty = rd.split_pages(one_page.kv_lens, one_page.page_indices, one_page.cu_q_lens,
                          one_page.num_seqs, page_size=4, world_size=2)[1]
   assert rd._local_calls(empty, None) == []
+
+
+def _count_plans(monkeypatch):
+  """A list that grows by one per rpa.BatchAttention.plan call."""
+  planned = []
+  plan = rpa.BatchAttention.plan
+
+  def counted(self, *args, **kwargs):
+    planned.append(1)
+    return plan(self, *args, **kwargs)
+
+  monkeypatch.setattr(rpa.BatchAttention, "plan", counted)
+  return planned
+
+
+def test_a_step_plans_once_per_rank(rng, monkeypatch):
+  """Three ranks (simulated) and three layers of one step: every rank plans
+  its calls in the first layer only, later layers run those plans, and each
+  layer's merge equals the single call over its own cache. A new step (new
+  shards) plans again; so does a layer whose options differ."""
+  planned = _count_plans(monkeypatch)
+  b = make_batch(rng, [(1, 33), (4, 9), (1, 2), (6, 20)], page_size=4)
+  shards = rd.split_pages(b.kv_lens, b.page_indices, b.cu_q_lens, b.num_seqs, page_size=4,
+                          world_size=3)
+  calls = sum(len(rd._local_calls(s, 5)) for s in shards)
+  assert calls >= 3
+  for layer in range(3):
+    kv = rng.standard_normal(b.kv_pages.shape).astype(np.float32)
+    want, want_lse = rpa.ragged_paged_attention(b.q, kv, *b.args[2:], sm_scale=0.25,
+                                                sliding_window=5, return_lse=True,
+                                                num_threads=1)
+    got, got_lse = _simulate(b, shards, sliding_window=5, kv=torch.from_numpy(kv))
+    assert len(planned) == calls, layer
+    assert max_abs_diff(got, want) <= tolerance("float32"), layer
+    assert np.array_equal(np.isneginf(got_lse), np.isneginf(want_lse)), layer
+  _simulate(b, shards, sliding_window=5, soft_cap=3.0)
+  assert len(planned) == 2 * calls
+  _simulate(b, rd.split_pages(b.kv_lens, b.page_indices, b.cu_q_lens, b.num_seqs, page_size=4,
+                              world_size=3), sliding_window=5)
+  assert len(planned) == 3 * calls
+  # The public call, on a world of one: planned by its first layer.
+  shard = rd.split_pages(b.kv_lens, b.page_indices, b.cu_q_lens, b.num_seqs, page_size=4,
+                         world_size=1)[0]
+  for layer in range(3):
+    got = rd.context_parallel_attention(b.q, b.kv_pages, shard, sm_scale=0.25,
+                                        sliding_window=5)
+    assert len(planned) == 3 * calls + len(rd._local_calls(shard, 5)), layer
+  want = rpa.ragged_paged_attention(*b.args, sm_scale=0.25, sliding_window=5)
+  assert max_abs_diff(got, want) <= tolerance("float32")
 
 
 def test_world_of_one_needs_no_process_group(rng):
@@ -269,6 +321,12 @@ def test_ranks_equal_the_single_process_call(tmp_path, world):
     if world > 1:
       assert any(c["empty_shard"] for c in checks)
     assert result["tp"]["diff"] <= tolerance("float32"), result["tp"]
+    # Each rank plans once per step: the first of three layers plans its
+    # calls, the others only run them.
+    step = result["step"]
+    assert step["plans_after"] == [step["calls"]] * 3, step
+    assert max(step["diffs"]) <= tolerance("float32"), step
+  assert sum(r["step"]["calls"] for r in results) >= world, "every rank has keys to plan"
 
 
 def test_ranks_that_disagree_or_fail_all_raise(tmp_path):
