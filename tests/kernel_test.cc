@@ -473,9 +473,10 @@ bool SameOrBothNan(const std::vector<float>& a, const std::vector<float>& b) {
   return true;
 }
 
-// fp8 K/V converted inside the widening loops (decode) gives bit for bit
-// what converting the rows to bf16 first (Fp8RowsToBf16, > 8 rows) gives
-// (NaN for NaN):
+// fp8 K/V converted inside the widening loops (avx512_wide, decode) and
+// converted into scratch per tile (avx512_wide_fp8_scratch, middle class)
+// both give bit for bit what converting the rows to bf16 first
+// (Fp8RowsToBf16) and running the bf16 instance gives (NaN for NaN):
 // every code (NaN and the masked tail included), each logits and PV block
 // shape.
 TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
@@ -500,34 +501,44 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
       Fp8RowsToBf16(dtype, KvRows{raw.data(), 0, tokens}, tokens, head_dim, scratch);
       const KvTile raw_tile = TestTile(dtype, head_dim, raw, 0, tokens);
       KvTile conv_tile = TestTile(DType::kBF16, head_dim, conv, 0, tokens);
-      // The fp8 instance on the codes, the bf16 one on the converted rows.
-      const ProductKernel& wide = *Avx512Wide(dtype);
+      // The fp8 instances (converting in the loops, or the whole tile into
+      // scratch first) on the codes, the bf16 one on the converted rows.
       const ProductKernel& wide_bf16 = *Avx512Wide(DType::kBF16);
-      for (int64_t rows : {1, 2, 3, 4, 5, 8}) {
-        // The 4 x 4 logits blocks read q rows up to a multiple of 4, as the
-        // kernel's scratch has them.
-        std::vector<float> q(RoundUp(rows, 4) * pad, 0.0f);
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t d = 0; d < head_dim; ++d) q[r * pad + d] = normal(rng);
+      // The kernel under test converts into scratch of its own.
+      std::vector<uint16_t> own_bf16(tokens * pad, 0);
+      std::vector<const uint8_t*> own_conv(tokens);
+      TileScratch own = scratch;
+      own.kv_bf16 = own_bf16.data();
+      own.converted = own_conv.data();
+      for (const ProductKernel* fp8 : {Avx512Wide(dtype), Avx512WideFp8Scratch(dtype)}) {
+        const ProductKernel& wide = *fp8;
+        for (int64_t rows : {1, 2, 3, 4, 5, 8, 9, 16}) {
+          // The 4 x 4 logits blocks read q rows up to a multiple of 4, as the
+          // kernel's scratch has them.
+          std::vector<float> q(RoundUp(rows, 4) * pad, 0.0f);
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t d = 0; d < head_dim; ++d) q[r * pad + d] = normal(rng);
+          }
+          const int64_t s_stride = 32;
+          std::vector<float> s_raw(rows * s_stride, 0.0f), s_conv(rows * s_stride, 0.0f);
+          const QueryRows q_rows{q.data(), pad, rows, nullptr};
+          wide.logits(q_rows, raw_tile, TileLogits{s_raw.data(), s_stride, rows}, own);
+          wide_bf16.logits(q_rows, conv_tile, TileLogits{s_conv.data(), s_stride, rows}, scratch);
+          EXPECT_TRUE(SameOrBothNan(s_raw, s_conv)) << wide.name << " " << ToString(dtype)
+                                                    << " head_dim " << head_dim << " rows " << rows;
+          // PV with q's values as the weights (NaN codes make NaN in both).
+          std::vector<float> acc_raw(rows * pad, 0.0f), acc_conv(rows * pad, 0.0f);
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t d = 0; d < head_dim; ++d) acc_raw[r * pad + d] = normal(rng);
+          }
+          acc_conv = acc_raw;
+          const TileLogits p{q.data(), pad, rows};
+          wide.pv(p, raw_tile, SoftmaxState{nullptr, nullptr, acc_raw.data(), pad}, own);
+          wide_bf16.pv(p, conv_tile, SoftmaxState{nullptr, nullptr, acc_conv.data(), pad}, scratch);
+          EXPECT_TRUE(SameOrBothNan(acc_raw, acc_conv))
+              << wide.name << " " << ToString(dtype) << " head_dim " << head_dim << " rows "
+              << rows;
         }
-        const int64_t s_stride = 32;
-        std::vector<float> s_raw(rows * s_stride, 0.0f), s_conv(rows * s_stride, 0.0f);
-        const QueryRows q_rows{q.data(), pad, rows, nullptr};
-        wide.logits(q_rows, raw_tile, TileLogits{s_raw.data(), s_stride, rows}, scratch);
-        wide_bf16.logits(q_rows, conv_tile, TileLogits{s_conv.data(), s_stride, rows}, scratch);
-        EXPECT_TRUE(SameOrBothNan(s_raw, s_conv))
-            << ToString(dtype) << " head_dim " << head_dim << " rows " << rows;
-        // PV with q's values as the weights (NaN codes make NaN in both).
-        std::vector<float> acc_raw(rows * pad, 0.0f), acc_conv(rows * pad, 0.0f);
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t d = 0; d < head_dim; ++d) acc_raw[r * pad + d] = normal(rng);
-        }
-        acc_conv = acc_raw;
-        const TileLogits p{q.data(), pad, rows};
-        wide.pv(p, raw_tile, SoftmaxState{nullptr, nullptr, acc_raw.data(), pad}, scratch);
-        wide_bf16.pv(p, conv_tile, SoftmaxState{nullptr, nullptr, acc_conv.data(), pad}, scratch);
-        EXPECT_TRUE(SameOrBothNan(acc_raw, acc_conv))
-            << ToString(dtype) << " head_dim " << head_dim << " rows " << rows;
       }
     }
   }
@@ -900,6 +911,9 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     ScopedCpuFeatureMask no_f16(CpuFeatures{.avx512bw = true, .avx512bf16 = true});
     EXPECT_EQ(report(DType::kF8E4M3FN, decode, false),
               "decode: avx512_wide_decode > avx512_wide");
+    // More rows per kv head than a decode tile: each 8-bit tile converted once.
+    EXPECT_EQ(report(DType::kF8E4M3FN, middle, false), "middle: avx512_wide_fp8_scratch");
+    EXPECT_EQ(report(DType::kF8E5M2, middle, true), "middle: avx512_wide_fp8_scratch");
   }
   if (!DetectedCpuFeatures().avx512fp16) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
   EXPECT_EQ(report(DType::kF8E4M3FN, decode, false),

@@ -255,35 +255,33 @@ void WidePvAllRows(const PvPass& a, int64_t rows) {
   });
 }
 
-// With more rows per kv head than this, each 4-row block would convert the
-// 8-bit tile again inside the loops: the tile is converted once into bf16
-// scratch rows instead and the bf16 loops run.
-inline constexpr int64_t kMaxRowsConvertingInLoops = 8;
-
 // The instances for K/V of kDtype: bf16 and f16 widened as they are, 8-bit
-// floats through their table (e4m3fn times 2^-8).
+// floats through their table (e4m3fn times 2^-8), either inside the loops
+// (kFp8Source::kInLoops) or first into bf16 scratch rows that the bf16
+// loops then read (kThroughScratch: with more rows per kv head than a
+// decode tile has, each 4-row block would convert the tile again).
 template <DType kDtype>
 constexpr Code kCodeOf = kDtype == DType::kBF16  ? Code::kBf16
                          : kDtype == DType::kF16 ? Code::kF16
                                                  : Code::kFp8;
+enum class Fp8Source : uint8_t { kInLoops, kThroughScratch };
 
-template <DType kDtype>
+template <DType kDtype, Fp8Source kFp8 = Fp8Source::kInLoops>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
   if constexpr (kCodeOf<kDtype> != Code::kFp8) {
     WideLogitsRows<kCodeOf<kDtype>>(q, tile.k, tile, s, nullptr);
+  } else if constexpr (kFp8 == Fp8Source::kInLoops) {
+    WideLogitsRows<Code::kFp8>(q, tile.k, tile, s, Fp8TableOf(kDtype, /*e4m3_scaled=*/true));
   } else {
-    const Fp8Table* table = Fp8TableOf(kDtype, /*e4m3_scaled=*/true);
-    if (q.rows <= kMaxRowsConvertingInLoops) {
-      return WideLogitsRows<Code::kFp8>(q, tile.k, tile, s, table);
-    }
-    Fp8RowsToBf16Impl(*table, tile.k, tile.n, tile.head_dim, scratch);
+    Fp8RowsToBf16Impl(*Fp8TableOf(kDtype, /*e4m3_scaled=*/true), tile.k, tile.n, tile.head_dim,
+                      scratch);
     WideLogitsRows<Code::kBf16>(q, KvRows{scratch.converted, 0, tile.n}, tile, s, nullptr);
   }
 }
 
-template <DType kDtype>
+template <DType kDtype, Fp8Source kFp8 = Fp8Source::kInLoops>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& scratch) {
   if (tile.n <= 0) return;
@@ -292,13 +290,12 @@ void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
   a.p_stride = p.stride;
   if constexpr (kCodeOf<kDtype> != Code::kFp8) {
     WidePvAllRows<kCodeOf<kDtype>>(a, p.rows);
+  } else if constexpr (kFp8 == Fp8Source::kInLoops) {
+    a.table = Fp8TableOf(kDtype, /*e4m3_scaled=*/true);
+    WidePvAllRows<Code::kFp8>(a, p.rows);
   } else {
-    const Fp8Table* table = Fp8TableOf(kDtype, /*e4m3_scaled=*/true);
-    if (p.rows <= kMaxRowsConvertingInLoops) {
-      a.table = table;
-      return WidePvAllRows<Code::kFp8>(a, p.rows);
-    }
-    Fp8RowsToBf16Impl(*table, tile.v, tile.n, tile.head_dim, scratch);
+    Fp8RowsToBf16Impl(*Fp8TableOf(kDtype, /*e4m3_scaled=*/true), tile.v, tile.n, tile.head_dim,
+                      scratch);
     a.v = KvRows{scratch.converted, 0, tile.n};
     WidePvAllRows<Code::kBf16>(a, p.rows);
   }
@@ -350,6 +347,13 @@ constexpr ProductKernel kWide = {"avx512_wide",        QueryFormat::kF32EvenOdd,
                                  Pv<kDtype>};
 
 template <DType kDtype>
+constexpr ProductKernel kWideFp8Scratch = {
+    "avx512_wide_fp8_scratch", QueryFormat::kF32EvenOdd,
+    PrepareEvenOdd,            AccOrder::kEvenOdd,
+    /*e4m3_scaled=*/true,      Logits<kDtype, Fp8Source::kThroughScratch>,
+    Pv<kDtype, Fp8Source::kThroughScratch>};
+
+template <DType kDtype>
 constexpr FusedTileKernel kWideDecode = {
     "avx512_wide_decode", QueryFormat::kF32EvenOdd, PrepareEvenOdd, AccOrder::kEvenOdd,
     /*e4m3_scaled=*/true,
@@ -370,6 +374,11 @@ const ProductKernel* Avx512Wide(DType kv_dtype) {
   return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF16, DType::kF8E4M3FN,
                           DType::kF8E5M2>(kv_dtype,
                                           []<DType kDtype>() { return &avx512::kWide<kDtype>; });
+}
+
+const ProductKernel* Avx512WideFp8Scratch(DType kv_dtype) {
+  return KernelForKvDtype<ProductKernel, DType::kF8E4M3FN, DType::kF8E5M2>(
+      kv_dtype, []<DType kDtype>() { return &avx512::kWideFp8Scratch<kDtype>; });
 }
 
 const FusedTileKernel* Avx512WideDecode(DType kv_dtype) {

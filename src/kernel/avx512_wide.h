@@ -12,6 +12,11 @@ namespace rpa::internal {
 // any other), any q dtype (as f32); q in kF32EvenOdd, accumulators kEvenOdd.
 // Needs CpuFeatures::avx512bw.
 const ProductKernel* Avx512Wide(DType kv_dtype);
+// The same products over 8-bit float K/V (e4m3fn, e5m2; null for any other)
+// that convert each tile into bf16 scratch rows once, then run the bf16
+// loops: for the middle class, whose 9-31 rows per kv head would otherwise
+// convert the tile once per 4-row block.
+const ProductKernel* Avx512WideFp8Scratch(DType kv_dtype);
 // The fused decode tile of the same arithmetic (min_rows 3).
 const FusedTileKernel* Avx512WideDecode(DType kv_dtype);
 

@@ -13,7 +13,7 @@
 //   e4m3fn, e5m2   <= 8          avx512_bf16_decode   avx512fp16_decode    avx512_wide_decode  highway_rows
 //                                > avx512_bf16_rows   > avx512_wide_decode > avx512_wide
 //                                                     > avx512_wide
-//   e4m3fn, e5m2   9-31          avx512_bf16_rows     avx512_wide          avx512_wide         highway_rows
+//   e4m3fn, e5m2   9-31          avx512_bf16_rows     avx512_wide_fp8_scratch (both)           highway_rows
 //   f16            <= 31         (as AVX-512 BW)      avx512_wide(_decode) avx512_wide(_decode) highway_rows
 //   bf16/fp8/int8  >= 32         avx512_bf16_packed   highway_packed       highway_packed      highway_packed
 //   f32, f16       >= 32         highway_packed       highway_packed       highway_packed      highway_packed

@@ -30,6 +30,7 @@ constexpr uint32_t kWideKv =
 constexpr uint8_t kRowClasses = ClassBits({kDecode, kMiddle});
 constexpr uint8_t kPrefillClass = ClassBits({kPrefill});
 constexpr uint8_t kDecodeClass = ClassBits({kDecode});
+constexpr uint8_t kMiddleClass = ClassBits({kMiddle});
 
 const ProductKernel* HighwayRows(DType kv_dtype) { return HighwayKernelsForCpu(kv_dtype).rows; }
 const ProductKernel* HighwayPacked(DType kv_dtype) {
@@ -54,6 +55,9 @@ KernelRecord g_records[] = {
      {kBf16Q, kBf16OrFp8, kRowClasses, true,
       [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
      Avx512Bf16Rows},
+    {"avx512_wide_fp8_scratch", "avx512_wide.cc",
+     {kAnyDType, kFp8, kMiddleClass, true, [](const CpuFeatures& f) { return f.avx512bw; }},
+     Avx512WideFp8Scratch},
     {"avx512_wide", "avx512_wide.cc",
      {kAnyDType, kWideKv, kRowClasses, true, [](const CpuFeatures& f) { return f.avx512bw; }},
      Avx512Wide},
