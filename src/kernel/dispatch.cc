@@ -1,5 +1,7 @@
 #include "kernel/dispatch.h"
 
+#include <iterator>
+
 #include "kernel/kernel_records.h"
 #include "rpa/kernels.h"
 
@@ -70,6 +72,54 @@ std::string DescribeDispatch(DType kv_dtype) {
     s += std::string("  ") + ToString(static_cast<TaskClass>(c)) + ": " + a;
     if (a != b) s += " (soft cap: " + b + ")";
     s += "\n";
+  }
+  return s;
+}
+
+std::string DispatchTable() {
+  struct Column {
+    const char* name;
+    CpuFeatures cpu;
+  };
+  const Column columns[] = {
+      {"AVX-512 BF16, fast dot (AMD Zen 4)",
+       {.avx512bw = true, .avx512bf16 = true, .fast_bf16_dot = true}},
+      {"AVX-512 BF16 + FP16 (Intel Sapphire Rapids)",
+       {.avx512bw = true, .avx512fp16 = true, .avx512bf16 = true, .amx_bf16 = true}},
+      {"the same, RPA_AMX=1",
+       {.avx512bw = true,
+        .avx512fp16 = true,
+        .avx512bf16 = true,
+        .amx_bf16 = true,
+        .amx_opted_in = true}},
+      {"AVX-512 BW", {.avx512bw = true}},
+      {"no AVX-512 (Highway: AVX2, SSE4, NEON, ...)", {}},
+  };
+  const DType q_dtypes[] = {DType::kBF16, DType::kF32};
+  const DType kv_dtypes[] = {DType::kBF16, DType::kF16,    DType::kF8E4M3FN,
+                             DType::kF8E5M2, DType::kI8, DType::kF32};
+  std::string s = "| q | K/V | rows per kv head |";
+  for (const Column& column : columns) s += std::string(" ") + column.name + " |";
+  s += "\n| --- | --- | --- |";
+  for (size_t i = 0; i < std::size(columns); ++i) s += " --- |";
+  s += "\n";
+  const char* rows_of[kNumTaskClasses] = {"<= 8 (decode)", "9-31 (middle)", ">= 32 (prefill)"};
+  for (DType q : q_dtypes) {
+    for (DType kv : kv_dtypes) {
+      for (int c = 0; c < kNumTaskClasses; ++c) {
+        s += "| " + std::string(ToString(q)) + " | " + std::string(ToString(kv)) + " | " + rows_of[c] + " |";
+        for (const Column& column : columns) {
+          AttentionProblem problem;
+          problem.q_dtype = q;
+          problem.kv_dtype = kv;
+          const std::string plain = ChooseKernels(problem, column.cpu).classes[c].Describe();
+          problem.soft_cap = 30.0f;
+          const std::string capped = ChooseKernels(problem, column.cpu).classes[c].Describe();
+          s += " " + plain + (capped != plain ? " (soft cap: " + capped + ")" : "") + " |";
+        }
+        s += "\n";
+      }
+    }
   }
   return s;
 }

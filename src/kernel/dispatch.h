@@ -2,25 +2,12 @@
 // call from (K/V dtype, rows per kv head, the options that matter, CPU
 // features), and recorded in the plan.
 //
-// The table (x86-64; other CPUs have only the Highway rows). "fast dot":
-// vdpbf16ps issues as often as the f32 FMA (CpuFeatures::fast_bf16_dot,
-// AMD's AVX-512 BF16), and the call has bf16 q:
-//
-//   K/V dtype      rows/kv head  fast dot             AVX-512 BW + FP16    AVX-512 BW only     neither
-//   bf16           <= 8          avx512_bf16_decode   avx512_wide_decode   avx512_wide_decode  highway_rows
-//                                > avx512_bf16_rows   > avx512_wide        > avx512_wide
-//   bf16           9-31          avx512_bf16_rows     avx512_wide          avx512_wide         highway_rows
-//   e4m3fn, e5m2   <= 8          avx512_bf16_decode   avx512fp16_decode    avx512_wide_decode  highway_rows
-//                                > avx512_bf16_rows   > avx512_wide_decode > avx512_wide
-//                                                     > avx512_wide
-//   e4m3fn, e5m2   9-31          avx512_bf16_rows     avx512_wide_fp8_scratch (both)           highway_rows
-//   f16            <= 31         (as AVX-512 BW)      avx512_wide(_decode) avx512_wide(_decode) highway_rows
-//   bf16/fp8/int8  >= 32         avx512_bf16_packed   highway_packed       highway_packed      highway_packed
-//   f32, f16       >= 32         highway_packed       highway_packed       highway_packed      highway_packed
-//   f32, int8      <= 31         highway_rows         highway_rows         highway_rows        highway_rows
-//
-// Without bf16 q (f32, f16 q) the fast-dot column is the AVX-512 one (the
-// bf16 kernels take their operands exactly in bf16). With AMX
+// The table, for every K/V dtype, task class and kind of CPU, is
+// docs/dispatch.md: DispatchTable() below writes it from the kernel records
+// (kernel_records.cc) and KernelDispatchTest.DocsTableIsTheRecords fails when
+// the committed copy differs. "fast dot": vdpbf16ps issues as often as the
+// f32 FMA (CpuFeatures::fast_bf16_dot, AMD's AVX-512 BF16); the bf16 kernels
+// take bf16 q only (they take their operands exactly in bf16). With AMX
 // (CpuFeatures::amx_bf16) opted in by RPA_AMX=1, bf16 q and bf16/fp8/int8
 // K/V, the prefill row is amx_prefill (not yet measured on AMX hardware:
 // tested on its scalar tile model, testing/amx_emulation.h, whose record
@@ -70,6 +57,13 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
 // after a line naming the features: what `rpa explain` and `rpa --version`
 // print.
 std::string DescribeDispatch(DType kv_dtype);
+
+// The whole dispatch table as Markdown: a row per (q dtype, K/V dtype, task
+// class), a column per kind of x86-64 CPU (the features that change the
+// choice), each cell the kernels chosen (and, where it differs, with a soft
+// cap). Computed from the records alone, whatever this CPU is: what
+// docs/dispatch.md holds.
+std::string DispatchTable();
 
 }  // namespace rpa::internal
 
