@@ -30,9 +30,11 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
   return v;
 }
 
-// The widening path's QK^T and PV for decode's shape: 4 rows (q heads per
-// kv head) x range(0) keys, head_dim 128, bf16 K/V rows 4 KiB apart as in a
-// cache page (32 keys: L1; 512: L2). Per key and kv head.
+// A kernel's QK^T or PV for decode's shape: range(2) rows (q heads per kv
+// head; 4 unless given) x range(0) keys, head_dim 128, bf16 K/V rows
+// range(1) elements apart (2048: 4 KiB, as in a cache page; 32 keys: L1,
+// 512: L2). Per key and kv head. The pair kernel's 8-row case is what a
+// hi + lo split of 4 f32 q rows (and of their f32 weights) would cost it.
 void DecodeRows(benchmark::State& state, const internal::ProductKernel& kernel, bool needs_bf16,
                 bool pv) {
 #if defined(__x86_64__)
@@ -41,7 +43,8 @@ void DecodeRows(benchmark::State& state, const internal::ProductKernel& kernel, 
     state.SkipWithError("CPU lacks the kernel's instructions");
     return;
   }
-  const int64_t rows = 4, tokens = state.range(0), dim = 128, row_stride = state.range(1);
+  const int64_t rows = state.range(2), tokens = state.range(0), dim = 128,
+                row_stride = state.range(1);
   const std::vector<uint16_t> kv = RandomBf16(tokens * row_stride, 2);
   std::vector<const uint8_t*> kv_rows(tokens);
   for (int64_t t = 0; t < tokens; ++t) {
@@ -88,10 +91,28 @@ void BM_PairLogits(benchmark::State& state) {
 void BM_PairPv(benchmark::State& state) {
   DecodeRows(state, *internal::Avx512Bf16Rows(DType::kBF16), true, true);
 }
-BENCHMARK(BM_WideLogits)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
-BENCHMARK(BM_WidePv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
-BENCHMARK(BM_PairLogits)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
-BENCHMARK(BM_PairPv)->Args({32, 2048})->Args({512, 2048})->Args({32, 128})->Args({32, 160});
+BENCHMARK(BM_WideLogits)
+    ->Args({32, 2048, 4})
+    ->Args({512, 2048, 4})
+    ->Args({32, 128, 4})
+    ->Args({32, 160, 4});
+BENCHMARK(BM_WidePv)
+    ->Args({32, 2048, 4})
+    ->Args({512, 2048, 4})
+    ->Args({32, 128, 4})
+    ->Args({32, 160, 4});
+BENCHMARK(BM_PairLogits)
+    ->Args({32, 2048, 4})
+    ->Args({32, 2048, 8})
+    ->Args({512, 2048, 4})
+    ->Args({32, 128, 4})
+    ->Args({32, 160, 4});
+BENCHMARK(BM_PairPv)
+    ->Args({32, 2048, 4})
+    ->Args({32, 2048, 8})
+    ->Args({512, 2048, 4})
+    ->Args({32, 128, 4})
+    ->Args({32, 160, 4});
 #endif
 
 // One fused decode tile of decode's shape, as the task loop calls it: 4

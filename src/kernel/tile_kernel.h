@@ -210,7 +210,7 @@ inline constexpr float kE4M3Rescale = 256.0f;
 template <class Kernel, DType... kDtypes, class Instance>
 const Kernel* KernelForKvDtype(DType kv, const Instance& instance) {
   const Kernel* found = nullptr;
-  ((kv == kDtypes && (found = instance.template operator()<kDtypes>()) != nullptr) || ...);
+  (void)((kv == kDtypes && (found = instance.template operator()<kDtypes>()) != nullptr) || ...);
   return found;
 }
 
