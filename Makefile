@@ -25,6 +25,9 @@ TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:WorkerIdleHooks*:Concurrency*
 # and the best target of this architecture only (the release build's tests
 # cover every target): a third fewer kernel objects to build under them.
 SAN_HWY_TARGETS ?= $(if $(filter x86_64,$(shell uname -m)),SSE4;AVX3,NEON)
+# ASan and TSan builds at -O1 with line tables only (what a sanitizer's
+# report needs): they compile in half the time of -O2 -g.
+SAN_FLAGS ?= -O1 -g1 -DNDEBUG
 # `make test-package`: the pip package and the CMake package as a user gets
 # them, in a throwaway tree. The pip build's own CMake tree (build/pip) is
 # kept between runs, so only the first run compiles the library again.
@@ -108,6 +111,7 @@ test-package: build
 test-asan:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DRPA_SANITIZE=address,undefined '-DRPA_HWY_TARGETS=$(SAN_HWY_TARGETS)' \
+	  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(SAN_FLAGS)' '-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(SAN_FLAGS)' \
 	  -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target rpa_tests rpa_cli
 	cd $(ASAN_BUILD) && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
@@ -117,6 +121,7 @@ test-asan:
 test-tsan:
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DRPA_SANITIZE=thread '-DRPA_HWY_TARGETS=$(SAN_HWY_TARGETS)' \
+	  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(SAN_FLAGS)' '-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(SAN_FLAGS)' \
 	  -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target rpa_tests
 	TSAN_OPTIONS=halt_on_error=1 ./$(TSAN_BUILD)/tests/rpa_tests --gtest_filter='$(TSAN_FILTER)'
