@@ -204,13 +204,27 @@ PagedCase MakeCase(Input& in) {
   for (int64_t i = 0; i < cache; ++i) c.v.Store(i, normal.Next());
   if (c.nan_mode) {
     const float kValues[] = {NAN, INFINITY, -INFINITY};
+    bool q_infinite = false;
+    std::vector<int64_t> v_infinite;  // Where V got +-inf.
     for (int n = in.Byte() % 4; n > 0; --n) {
       Buffer& b = in.Byte() % 3 == 0 ? c.q : (in.Byte() & 1 ? c.k : c.v);
       const int64_t elems = static_cast<int64_t>(b.bytes.size() - b.byte_offset) /
                             static_cast<int64_t>(rpa::SizeOf(b.dtype));
       float value = kValues[in.Byte() % 3];
       if (b.dtype == DType::kF8E4M3FN) value = NAN;
-      if (elems > 0 && b.dtype != DType::kI8) b.Store(static_cast<int64_t>(in.U32() % elems), value);
+      if (elems == 0 || b.dtype == DType::kI8) continue;
+      const int64_t at = static_cast<int64_t>(in.U32() % elems);
+      b.Store(at, value);
+      if (std::isinf(value)) {
+        if (&b == &c.q) q_infinite = true;
+        if (&b == &c.v) v_infinite.push_back(at);
+      }
+    }
+    // An infinite q with a soft cap can put a logit ~2 x cap below its row's
+    // largest, whose weight underflows to 0 in the kernel (docs/contract.md
+    // §1.5): V's infinities become NaN there, which every weight propagates.
+    if (q_infinite) {
+      for (int64_t at : v_infinite) c.v.Store(at, NAN);
     }
   }
   return c;

@@ -207,9 +207,57 @@ void FillData(RaggedCase& c, uint64_t seed) {
   c.sinks16.resize(c.sinks.size());
 }
 
+// The largest |logit| (sink included) any row can reach, as a bound: the soft
+// cap where there is one, else Cauchy-Schwarz over the largest q and K row
+// norms plus the ALiBi bias's reach; infinite once q holds an injected +-inf.
+double LogitBound(const RaggedCase& c, bool q_infinite) {
+  double sinks = 0;
+  if (c.want_sinks) {
+    for (float s : c.sinks) sinks = std::isfinite(s) ? std::max(sinks, std::fabs(double{s})) : sinks;
+  }
+  if (c.options.soft_cap) return std::max(std::fabs(*c.options.soft_cap), sinks);
+  if (q_infinite) return INFINITY;
+  double q_norm = 0;  // sqrt of the largest sum of squares over (token, q head).
+  const int64_t es = QElemStride(c);
+  for (int64_t t = 0; t < c.num_tokens; ++t) {
+    for (int64_t h = 0; h < c.num_q_heads; ++h) {
+      double sum = 0;
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        const double x = c.q.Load(t * QTokenStride(c) + (h * c.head_dim + d) * es);
+        sum += x * x;
+      }
+      q_norm = std::max(q_norm, sum);
+    }
+  }
+  const double ks = c.options.k_scale.value_or(1.0);
+  double k_norm = 0;
+  int64_t max_kv_len = 0;
+  ForEachReadSlot(c, [&](int64_t, int64_t t, int64_t page, int64_t slot) {
+    max_kv_len = std::max(max_kv_len, t + 1);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      const int64_t base = c.CacheOffset(page, slot, h, /*is_v=*/false);
+      double sum = 0;
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        const double x = c.k.Load(base + d) * ks;
+        sum += x * x;
+      }
+      k_norm = std::max(k_norm, sum);
+    }
+  });
+  double slope = 0;
+  if (c.want_alibi) {
+    for (float s : c.alibi_slopes) slope = std::max(slope, std::fabs(double{s}));
+  }
+  return std::max(std::fabs(c.options.sm_scale) * std::sqrt(q_norm * k_norm) +
+                      slope * static_cast<double>(max_kv_len),
+                  sinks);
+}
+
 // NaN / +-inf where every query that reads the element sees it unmasked,
 // so masked-block skipping (docs/contract.md §1) cannot make the kernel and the
-// reference differ.
+// reference differ. +-inf goes into V only where no weight can underflow in
+// f32 (docs/contract.md §1.5: a logit more than ~87 below its row's largest
+// has weight 0 in the kernel, and 0 x inf = NaN where the reference keeps inf).
 void InjectNonFinite(Input& in, RaggedCase& c) {
   const float kValues[] = {NAN, INFINITY, -INFINITY};
   // An infinite q element gives every key of its row a non-finite logit
@@ -228,12 +276,14 @@ void InjectNonFinite(Input& in, RaggedCase& c) {
     }
     return true;  // A padding row: never read.
   };
+  bool q_infinite = false;
   for (int k = in.Byte() % 3; k > 0; --k) {  // Into q: NaN anywhere, +-inf as above.
     const int64_t elems = c.num_tokens * QTokenStride(c);
     if (elems == 0) break;
     const int64_t at = static_cast<int64_t>(in.U32() % elems);
     float value = kValues[in.Byte() % 3];
     if (masked_may_skip && !row_sees_every_key(at / QTokenStride(c))) value = NAN;
+    q_infinite = q_infinite || std::isinf(value);
     c.q.Store(at, value);
     c.injected += " q[flat " + std::to_string(at) + "]=" + std::to_string(value);
   }
@@ -256,6 +306,8 @@ void InjectNonFinite(Input& in, RaggedCase& c) {
     if (state[static_cast<size_t>(s)] == 1) candidates.push_back(s);
   }
   if (candidates.empty()) return;
+  // Spread of a row's logits below 80 (e^-80 is a normal f32, and bf16's range is f32's).
+  const bool weights_stay_normal = 2 * LogitBound(c, q_infinite) < 80;
   for (int k = in.Byte() % 4; k > 0; --k) {
     const int64_t s = candidates[in.Byte() % candidates.size()];
     const bool is_v = in.Byte() & 1;
@@ -263,6 +315,7 @@ void InjectNonFinite(Input& in, RaggedCase& c) {
     const int64_t d = in.Byte() % c.head_dim;
     float value = kValues[in.Byte() % 3];
     if (c.kv_dtype == DType::kF8E4M3FN) value = NAN;  // No inf: it would saturate.
+    if (is_v && !weights_stay_normal) value = NAN;
     Buffer& b = (is_v && c.layout != Layout::kCombined) ? c.v : c.k;
     b.Store(c.CacheOffset(s / c.page_size, s % c.page_size, h, is_v) + d, value);
     c.injected += std::string(" ") + (is_v ? "V" : "K") + "(page " +
