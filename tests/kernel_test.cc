@@ -384,7 +384,7 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
 }
 
 // ---- The bf16-pair kernels (avx512_bf16_decode > avx512_bf16_rows) where
-// dispatch chooses them: bf16 q over bf16 and 8-bit float K/V, decode and
+// dispatch chooses them: bf16 q over bf16, 8-bit float and int8 K/V, decode and
 // the middle class (1-8 q heads x up to 8 queries), fused and unfused tiles
 // (soft caps, windows, groups of 1-2 rows), every option of the grid.
 TEST(KernelBf16RowsTest, DecodeGridMatchesReference) {
@@ -392,8 +392,9 @@ TEST(KernelBf16RowsTest, DecodeGridMatchesReference) {
     GTEST_SKIP() << "dispatch chooses avx512_bf16_rows only where vdpbf16ps runs at full rate";
   }
   for (int queries_scale : {1, 4}) {
-    CheckDecodeGrid(85 + queries_scale, {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2},
-                    queries_scale, /*bf16_q=*/true, kAllCpuFeatures, kAllCpuFeatures);
+    CheckDecodeGrid(85 + queries_scale,
+                    {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}, queries_scale,
+                    /*bf16_q=*/true, kAllCpuFeatures, kAllCpuFeatures);
   }
 }
 
@@ -903,6 +904,9 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
               "decode: avx512_bf16_decode > avx512_bf16_rows");
     EXPECT_EQ(report(DType::kBF16, decode, true, DType::kBF16), "decode: avx512_bf16_rows");
     EXPECT_EQ(report(DType::kF8E5M2, middle, false, DType::kBF16), "middle: avx512_bf16_rows");
+    EXPECT_EQ(report(DType::kI8, middle, false, DType::kBF16), "middle: avx512_bf16_rows");
+    EXPECT_EQ(report(DType::kI8, decode, false, DType::kBF16),
+              "decode: avx512_bf16_decode > avx512_bf16_rows");
     // Not exact in bf16: the widening path.
     EXPECT_EQ(report(DType::kF16, decode, false, DType::kBF16),
               "decode: avx512_wide_decode > avx512_wide");

@@ -18,7 +18,8 @@
 //           weights are rounded to bf16 (nearest even) as the prefill
 //           kernels round them; l sums the unrounded weights.
 //   fp8     e4m3fn and e5m2 become bf16 by two vpermi2w table lookups per 32
-//           codes in registers (exact; e4m3fn at its true value).
+//           codes in registers (exact; e4m3fn at its true value); int8 by
+//           sign extension and conversion through f32 (exact: 8 bits).
 // Against the FMA kernels (avx512_wide.cc) this halves the multiply-add
 // instructions and needs no widening: on Zen 4, vdpbf16ps issues as often
 // as the f32 FMA (CpuFeatures::fast_bf16_dot), so decode's arithmetic drops
@@ -28,7 +29,7 @@
 // kernels' f32 sums of the same products); the weights' bf16 rounding is
 // the prefill kernels' and sits inside the bf16 tolerance (docs/contract.md).
 //
-// Dispatch chooses it for bf16 q over bf16 or 8-bit float K/V with fewer
+// Dispatch chooses it for bf16 q over bf16, 8-bit float or int8 K/V with fewer
 // than kPackedMinRows rows per kv head where vdpbf16ps runs at full rate;
 // its fused tile (kAvx512Bf16Decode) for decode tiles every row sees whole.
 #include "kernel/avx512_bf16_rows.h"
@@ -46,6 +47,7 @@ namespace {
 enum class Source : uint8_t {
   kBf16,  // bf16: loaded as is.
   kFp8,   // e4m3fn or e5m2: a table lookup to bf16 first (Fp8ToBf16).
+  kI8,    // int8: sign-extended and converted through f32 (I8ToBf16).
 };
 
 // Elements [d, d + 32) of a K/V row as 32 bf16 (masked: nothing past the
@@ -53,10 +55,11 @@ enum class Source : uint8_t {
 template <Source kSource, bool kWhole = false>
 RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i LoadBf16(
     const void* row, int64_t d, __mmask32 mask, const Fp8Lut& lut) {
-  if constexpr (kSource == Source::kFp8) {
+  if constexpr (kSource == Source::kFp8 || kSource == Source::kI8) {
     const uint8_t* p = static_cast<const uint8_t*>(row) + d;
     const __m256i codes = kWhole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
                                  : _mm256_maskz_loadu_epi8(mask, p);
+    if constexpr (kSource == Source::kI8) return I8ToBf16(codes);
     return Fp8ToBf16(_mm512_cvtepu8_epi16(codes), lut);
   } else {
     const uint16_t* p = static_cast<const uint16_t*>(row) + d;
@@ -312,9 +315,11 @@ RPA_AVX512_BF16_TARGET bool DecodeTileImpl(const QueryRows& q_rows, const KvTile
 }
 
 // The instances for K/V of kDtype: bf16 read as is, 8-bit floats through
-// their exact table (e4m3fn at its true value).
+// their exact table (e4m3fn at its true value), int8 through f32.
 template <DType kDtype>
-constexpr Source kSourceOf = kDtype == DType::kBF16 ? Source::kBf16 : Source::kFp8;
+constexpr Source kSourceOf = kDtype == DType::kBF16 ? Source::kBf16
+                             : kDtype == DType::kI8 ? Source::kI8
+                                                    : Source::kFp8;
 
 template <DType kDtype>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
@@ -354,13 +359,15 @@ constexpr FusedTileKernel kDecode = {
 }  // namespace avx512
 
 const ProductKernel* Avx512Bf16Rows(DType kv_dtype) {
-  return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2>(
-      kv_dtype, []<DType kDtype>() { return &avx512::kRows<kDtype>; });
+  return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2,
+                          DType::kI8>(kv_dtype,
+                                      []<DType kDtype>() { return &avx512::kRows<kDtype>; });
 }
 
 const FusedTileKernel* Avx512Bf16Decode(DType kv_dtype) {
-  return KernelForKvDtype<FusedTileKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2>(
-      kv_dtype, []<DType kDtype>() { return &avx512::kDecode<kDtype>; });
+  return KernelForKvDtype<FusedTileKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2,
+                          DType::kI8>(kv_dtype,
+                                      []<DType kDtype>() { return &avx512::kDecode<kDtype>; });
 }
 
 }  // namespace rpa::internal

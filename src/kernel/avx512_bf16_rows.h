@@ -9,7 +9,7 @@
 #if defined(__x86_64__)
 namespace rpa::internal {
 
-// Unfused products over K/V of kv_dtype (bf16, e4m3fn or e5m2; null for any
+// Unfused products over K/V of kv_dtype (bf16, e4m3fn, e5m2 or int8; null for any
 // other) with bf16 q (kBf16); accumulators kPairInterleaved. Needs
 // CpuFeatures::avx512bf16.
 const ProductKernel* Avx512Bf16Rows(DType kv_dtype);

@@ -379,6 +379,14 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512i Fp8ToBf16(__m512
                                    _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
 }
 
+// The bf16 bits of 32 int8 values (exact: |x| <= 128 needs 8 significant
+// bits, bf16 has 8): sign-extended and converted through f32.
+RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i I8ToBf16(__m256i x) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1)));
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
 }  // namespace rpa::internal::avx512
 
 #if !defined(__clang__)

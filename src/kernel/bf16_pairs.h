@@ -94,10 +94,8 @@ struct RowReader {
     if constexpr (kDtype == DType::kBF16) {
       return _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d0);
     } else if constexpr (kDtype == DType::kI8) {
-      const __m256i x = _mm256_maskz_loadu_epi8(mask, static_cast<const int8_t*>(row) + d0);
-      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x)));
-      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1)));
-      return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // Exact: |x| <= 128.
+      return avx512::I8ToBf16(
+          _mm256_maskz_loadu_epi8(mask, static_cast<const int8_t*>(row) + d0));
     } else {
       const uint8_t* src = static_cast<const uint8_t*>(row) + d0;
       return avx512::Fp8ToBf16(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src)), lut);

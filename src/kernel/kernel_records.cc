@@ -23,7 +23,6 @@ using enum TaskClass;
 constexpr uint32_t kBf16Q = DTypeBits({DType::kBF16});
 constexpr uint32_t kBf16ExactKv =
     DTypeBits({DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8});
-constexpr uint32_t kBf16OrFp8 = DTypeBits({DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2});
 constexpr uint32_t kFp8 = DTypeBits({DType::kF8E4M3FN, DType::kF8E5M2});
 constexpr uint32_t kWideKv =
     DTypeBits({DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2});
@@ -52,7 +51,7 @@ KernelRecord g_records[] = {
       [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
      Avx512Bf16Packed},
     {"avx512_bf16_rows", "avx512_bf16_rows.cc",
-     {kBf16Q, kBf16OrFp8, kRowClasses, true,
+     {kBf16Q, kBf16ExactKv, kRowClasses, true,
       [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
      Avx512Bf16Rows},
     {"avx512_wide_fp8_scratch", "avx512_wide.cc",
@@ -69,7 +68,7 @@ KernelRecord g_records[] = {
 #if defined(__x86_64__)
     // ---- Fused decode tiles (no soft cap: their exp has no tanh before it).
     {"avx512_bf16_decode", "avx512_bf16_rows.cc",
-     {kBf16Q, kBf16OrFp8, kDecodeClass, false,
+     {kBf16Q, kBf16ExactKv, kDecodeClass, false,
       [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
      nullptr, Avx512Bf16Decode},
     {"avx512fp16_decode", "avx512_fp16_decode.cc",
