@@ -93,12 +93,14 @@ struct Workload {
 // The workloads (testing/workloads.h); all with 32 q heads, 8 kv
 // heads, head_dim 128, page_size 16, bf16 q, pages in random order; bf16
 // K/V except decode-fp8 (the decode shape on fp8 e4m3fn K/V with scales:
-// half the bytes of decode) and decode-f16 (the decode shape on f16 K/V, the
-// cache dtype of llama.cpp and of vLLM for fp16 models).
+// half the bytes of decode), decode-int8 (the same on int8 K/V, scales 1/32)
+// and decode-f16 (the decode shape on f16 K/V, the cache dtype of llama.cpp
+// and of vLLM for fp16 models).
 std::vector<Workload> Workloads() {
   return {
       {"decode", DecodeSequences()},
       {"decode-fp8", DecodeSequences(), DType::kF8E4M3FN, 0.5},
+      {"decode-int8", DecodeSequences(), DType::kI8, 1.0 / 32},
       {"decode-f16", DecodeSequences(), DType::kF16},
       {"decode-long", DecodeLongSequences()},
       {"verify", VerifySequences()},
@@ -732,8 +734,8 @@ void AddBenchCommand(CLI::App& app) {
                   "Also time each workload with every page index 0 (K/V in the caches): "
                   "the kernel without memory");
   bench->add_option("--only", args->only,
-                    "Workloads to run: decode, decode-fp8, decode-f16, decode-long, verify, prefill, "
-                    "mixed, layers, mla-decode");
+                    "Workloads to run: decode, decode-fp8, decode-int8, decode-f16, decode-long, "
+                    "verify, prefill, mixed, layers, mla-decode");
   bench->add_option("--threads", args->threads,
                     "Threads for the all-threads runs (0: RPA_NUM_THREADS or all cores)")
       ->capture_default_str();
