@@ -213,7 +213,9 @@ void FillData(RaggedCase& c, uint64_t seed) {
 double LogitBound(const RaggedCase& c, bool q_infinite) {
   double sinks = 0;
   if (c.want_sinks) {
-    for (float s : c.sinks) sinks = std::isfinite(s) ? std::max(sinks, std::fabs(double{s})) : sinks;
+    for (float s : c.sinks) {
+      if (std::isfinite(s)) sinks = std::max(sinks, std::fabs(double{s}));
+    }
   }
   if (c.options.soft_cap) return std::max(std::fabs(*c.options.soft_cap), sinks);
   if (q_infinite) return INFINITY;
