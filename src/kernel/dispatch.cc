@@ -1,6 +1,8 @@
 #include "kernel/dispatch.h"
 
 #include <iterator>
+#include <string>
+#include <vector>
 
 #include "kernel/kernel_records.h"
 #include "rpa/kernels.h"
@@ -54,23 +56,41 @@ KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& c
   return choice;
 }
 
+namespace {
+
+// What dispatch chooses for calls of these dtypes on this CPU, without and
+// with a soft cap (the fused tiles step aside for a soft cap or ALiBi).
+struct ChoicePair {
+  KernelChoice plain, capped;
+  ChoicePair(DType q_dtype, DType kv_dtype, const CpuFeatures& cpu) {
+    AttentionProblem problem;
+    problem.q_dtype = q_dtype;
+    problem.kv_dtype = kv_dtype;
+    plain = ChooseKernels(problem, cpu);
+    problem.soft_cap = 30.0f;
+    capped = ChooseKernels(problem, cpu);
+  }
+  // "a > b", or "a > b (soft cap: b)" where the soft cap changes it.
+  std::string Describe(int task_class) const {
+    std::string a = plain.classes[task_class].Describe();
+    const std::string b = capped.classes[task_class].Describe();
+    if (a != b) a += " (soft cap: " + b + ")";
+    return a;
+  }
+};
+
+}  // namespace
+
 std::string DescribeDispatch(DType kv_dtype) {
   const CpuFeatures cpu = UsableCpuFeatures();
-  AttentionProblem problem;
-  problem.q_dtype = DType::kBF16;
-  problem.kv_dtype = kv_dtype;
-  const KernelChoice plain = ChooseKernels(problem, cpu);
-  problem.soft_cap = 30.0f;
-  const KernelChoice capped = ChooseKernels(problem, cpu);
+  const ChoicePair choice(DType::kBF16, kv_dtype, cpu);
   std::string s = "cpu features: " + cpu.ToString() + "; amx: " + AmxDetection() +
                   (cpu.amx_bf16 && !cpu.amx_emulated && !cpu.amx_opted_in
                        ? " (not dispatched: set RPA_AMX=1, not yet measured on AMX hardware)"
                        : "") +
                   "\n";
   for (int c = 0; c < kNumTaskClasses; ++c) {
-    const std::string a = plain.classes[c].Describe(), b = capped.classes[c].Describe();
-    s += std::string("  ") + ToString(static_cast<TaskClass>(c)) + ": " + a;
-    if (a != b) s += " (soft cap: " + b + ")";
+    s += std::string("  ") + ToString(static_cast<TaskClass>(c)) + ": " + choice.Describe(c);
     s += "\n";
   }
   return s;
@@ -106,16 +126,15 @@ std::string DispatchTable() {
   const char* rows_of[kNumTaskClasses] = {"<= 8 (decode)", "9-31 (middle)", ">= 32 (prefill)"};
   for (DType q : q_dtypes) {
     for (DType kv : kv_dtypes) {
+      std::vector<ChoicePair> choices;
+      for (const Column& column : columns) choices.emplace_back(q, kv, column.cpu);
       for (int c = 0; c < kNumTaskClasses; ++c) {
-        s += "| " + std::string(ToString(q)) + " | " + std::string(ToString(kv)) + " | " + rows_of[c] + " |";
-        for (const Column& column : columns) {
-          AttentionProblem problem;
-          problem.q_dtype = q;
-          problem.kv_dtype = kv;
-          const std::string plain = ChooseKernels(problem, column.cpu).classes[c].Describe();
-          problem.soft_cap = 30.0f;
-          const std::string capped = ChooseKernels(problem, column.cpu).classes[c].Describe();
-          s += " " + plain + (capped != plain ? " (soft cap: " + capped + ")" : "") + " |";
+        s += "| " + std::string(ToString(q)) + " | " + std::string(ToString(kv)) + " | " +
+             rows_of[c] + " |";
+        for (const ChoicePair& choice : choices) {
+          s += " ";
+          s += choice.Describe(c);
+          s += " |";
         }
         s += "\n";
       }
