@@ -132,9 +132,10 @@ check-arm: build
 	./scripts/check_arm.sh $(BUILD)
 
 # The C++ tests cross-built for aarch64 (cmake/aarch64-linux-gnu.cmake) and
-# the kernel and validation suites run under qemu-user on Highway's NEON
-# target (scripts/test_arm.sh; installs the cross compiler, qemu-user-static
-# and the arm64 -dev packages if missing).
+# run under qemu-user on Highway's NEON target (scripts/test_arm.sh; installs
+# the cross compiler, qemu-user-static and the arm64 packages if missing).
+# Not in `make test` (its build would push it past 20 minutes): .ci/run runs
+# it after.
 test-arm:
 	./scripts/test_arm.sh $(ARM_BUILD) $(JOBS)
 
