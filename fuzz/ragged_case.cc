@@ -219,7 +219,7 @@ double LogitBound(const RaggedCase& c, bool q_infinite) {
   }
   if (c.options.soft_cap) return std::max(std::fabs(*c.options.soft_cap), sinks);
   if (q_infinite) return INFINITY;
-  double q_norm = 0;  // sqrt of the largest sum of squares over (token, q head).
+  double q_norm = 0;  // The largest sum of squares over (token, q head); k_norm likewise.
   const int64_t es = QElemStride(c);
   for (int64_t t = 0; t < c.num_tokens; ++t) {
     for (int64_t h = 0; h < c.num_q_heads; ++h) {
