@@ -107,7 +107,10 @@ test-package: build
 	./examples/consumer/build_with_pkg_config.sh $(PKG_BUILD)/prefix $(PKG_BUILD)/consumer-pkg-config
 
 # The whole C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer
-# (tests/lsan.supp: a system library's leak, not rpa's).
+# (tests/lsan.supp: a system library's leak, not rpa's): the `rpa` command's
+# tests (ctest label cli) and rpa_tests as JOBS gtest shards, one process
+# each (a process per test, as ctest runs them, spends more time starting
+# ASan than testing).
 test-asan:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DRPA_SANITIZE=address,undefined '-DRPA_HWY_TARGETS=$(SAN_HWY_TARGETS)' \
@@ -115,7 +118,9 @@ test-asan:
 	  -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target rpa_tests rpa_cli
 	cd $(ASAN_BUILD) && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
-	  ctest --output-on-failure -j $(JOBS)
+	  ctest --output-on-failure -j $(JOBS) -L cli
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	  ./scripts/run_gtest_shards.sh $(ASAN_BUILD)/tests/rpa_tests $(JOBS)
 
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
 test-tsan:
