@@ -264,6 +264,7 @@ MachineLimits MeasureMachine(int threads, bool quick) {
   limits.llc_bytes = LastLevelCacheBytes();
   limits.avx512_bf16 = internal::DetectedCpuFeatures().avx512bf16;
   limits.avx512_fp16 = internal::DetectedCpuFeatures().avx512fp16;
+  limits.amx = internal::AmxDetection();
   // At least 4x the LLC, so the reads come from memory.
   const size_t bytes = std::clamp<size_t>(static_cast<size_t>(limits.llc_bytes) * 4,
                                           size_t{1} << 30, size_t{4} << 30);

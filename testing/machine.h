@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "rpa/dtype.h"
 
@@ -19,6 +20,7 @@ struct MachineLimits {
   int64_t llc_bytes = 0;    // Last-level cache (sysconf; 32 MiB if unknown).
   bool avx512_bf16 = false;  // vdpbf16ps available (CPUID + OS state).
   bool avx512_fp16 = false;  // AVX512-FP16 arithmetic available.
+  std::string amx;           // AMX's status: "usable", or which step of its detection failed.
   // [0]: one thread, [1]: `threads` threads together.
   double read_gbs[2] = {0, 0};         // GB/s (1e9 B/s), streaming reads.
   double fma_f32_gflops[2] = {0, 0};   // Best of the AVX2 and AVX-512 FMA loops.

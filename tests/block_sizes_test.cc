@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -148,6 +149,72 @@ TEST_F(BlockSizeChoiceTest, UnparsableOrMissingTableIsIgnoredWithAWarningNamingI
   EXPECT_EQ(after.explanation.find("bad.json"), std::string::npos) << after.explanation;
 }
 
+// The public write (rpa tune's): this CPU's section replaces its earlier
+// one, another CPU's is kept, and the file then answers lookups.
+TEST_F(BlockSizeChoiceTest, SavedSectionReplacesThisCpusAndKeepsTheOthers) {
+  const std::string path = WriteFile("saved.json", TableJson("Some Other CPU 9000", 3, 16, Unshipped()));
+  std::remove((::testing::TempDir() + "fresh.json").c_str());
+  const std::string fresh = ::testing::TempDir() + "fresh.json";
+  const TunedTableUpdate created = SaveTunedBlockSizes(fresh, {{Unshipped(), {6, 8}}});
+  EXPECT_FALSE(created.replaced);
+  EXPECT_EQ(created.other_sections, 0);
+
+  CheckTunedTableFile(path);
+  const TunedTableUpdate first = SaveTunedBlockSizes(path, {{Unshipped(), {4, 16}}});
+  EXPECT_FALSE(first.replaced);
+  EXPECT_EQ(first.other_sections, 1);
+  const TunedTableUpdate second = SaveTunedBlockSizes(path, {{Unshipped(), {5, 32}}});
+  EXPECT_TRUE(second.replaced);
+  EXPECT_EQ(second.other_sections, 1);
+
+  std::string error;
+  const std::optional<internal::TunedTable> table = internal::ReadTunedTable(path, error);
+  ASSERT_TRUE(table) << error;
+  ASSERT_EQ(table->sections.size(), 2u);
+  EXPECT_EQ(table->sections[0].cpu.model_name, "Some Other CPU 9000");
+  const internal::TunedSection& mine = table->sections[1];
+  EXPECT_EQ(internal::MatchSection(mine.cpu, ThisCpuInfo()), internal::SectionMatch::kThisCpu);
+  EXPECT_EQ(mine.measured.size(), 10u) << mine.measured;
+  ASSERT_FALSE(mine.kernels.empty());
+  EXPECT_EQ(mine.kernels[0].rfind("cpu features: ", 0), 0u) << mine.kernels[0];
+  ASSERT_EQ(mine.entries.size(), 1u);
+  EXPECT_EQ(mine.entries[0].sizes, (BlockSizes{5, 32}));
+
+  ASSERT_TRUE(LoadTunedBlockSizes(path));
+  const BlockSizeChoice choice = ChooseBlockSizes(Unshipped());
+  EXPECT_EQ(choice.sizes, (BlockSizes{5, 32}));
+  EXPECT_NE(choice.section.find("saved.json"), std::string::npos) << choice.section;
+  EXPECT_NE(choice.section.find("this CPU's"), std::string::npos) << choice.section;
+}
+
+TEST_F(BlockSizeChoiceTest, SavingOverAFileThatIsNotATableFailsAndLeavesIt) {
+  const std::string text = "{\"format\": \"something else\"}";
+  const std::string path = WriteFile("not-a-table.json", text);
+  for (int save = 0; save < 2; ++save) {
+    try {
+      if (save) {
+        SaveTunedBlockSizes(path, {{Unshipped(), {4, 16}}});
+      } else {
+        CheckTunedTableFile(path);
+      }
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kOption);
+      EXPECT_NE(std::string(e.what()).find(path + " is not a tuned block-size table (format"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("It was left as it is"), std::string::npos) << e.what();
+    }
+  }
+  std::ifstream file(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(file), {}), text);
+  try {
+    SaveTunedBlockSizes(::testing::TempDir() + "no-such-dir/t.json", {{Unshipped(), {4, 16}}});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Cannot write the tuned block-size table"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(BlockSizeChoiceTest, WrongFormatOrVersionIsRejected) {
   std::string error;
   EXPECT_FALSE(internal::ParseTunedTable("{\"format\": \"x\", \"version\": 1, \"entries\": []}", "t", error));
@@ -198,10 +265,11 @@ internal::TunedTable Table(const std::string& name, std::vector<internal::TunedS
 // The chosen entry's pages (each section's differ) and the explanation.
 std::pair<int64_t, std::string> Lookup(const std::vector<internal::TunedTable>& tables, const CpuInfo& cpu,
                                        const BlockSizeConfig& config = Llama(16, 256)) {
-  const std::optional<internal::TableChoice> chosen = internal::ChooseFromTables(tables, config, cpu);
+  const std::optional<BlockSizeChoice> chosen = internal::ChooseFromTables(tables, config, cpu);
   if (!chosen) return {0, "none"};
-  EXPECT_NE(chosen->choice.explanation.find(chosen->section), std::string::npos);
-  return {chosen->choice.sizes.num_kv_pages_per_block, chosen->choice.explanation};
+  EXPECT_EQ(chosen->section.rfind("section ", 0), 0u) << chosen->section;
+  EXPECT_NE(chosen->explanation.find(chosen->section), std::string::npos);
+  return {chosen->sizes.num_kv_pages_per_block, chosen->explanation};
 }
 
 TEST(SectionMatchTest, RanksVendorFamilyModelAndFeatures) {
@@ -284,10 +352,10 @@ TEST(SectionLookupTest, ThisCpusNearestEntryBeatsAnotherCpusExactOne) {
   internal::TunedSection other = Section(kSapphire, 7);
   other.entries[0].config = Llama(64, 64);
   const std::vector<internal::TunedTable> tables = {Table("t.json", {other, Section(kZen4, 8)})};
-  const std::optional<internal::TableChoice> chosen = internal::ChooseFromTables(tables, Llama(64, 64), kZen4);
+  const std::optional<BlockSizeChoice> chosen = internal::ChooseFromTables(tables, Llama(64, 64), kZen4);
   ASSERT_TRUE(chosen);
-  EXPECT_EQ(chosen->choice.source, BlockSizeSource::kNearest);
-  EXPECT_EQ(chosen->choice.sizes.num_kv_pages_per_block, 2);
+  EXPECT_EQ(chosen->source, BlockSizeSource::kNearest);
+  EXPECT_EQ(chosen->sizes.num_kv_pages_per_block, 2);
 }
 
 TEST_F(BlockSizeChoiceTest, UserSectionOfThisCpuIsTakenAndNamed) {

@@ -31,15 +31,12 @@
 
 #include "bench_mla.h"
 #include "commands.h"
-#include "kernel/cpu_features.h"
 #include "rpa/rpa.h"
-#include "run/compute.h"
 #include "testing/machine.h"
 #include "testing/onednn_peer.h"
 #include "testing/synthetic_batch.h"
+#include "testing/without_amx.h"
 #include "testing/workloads.h"
-#include "threads/thread_pool.h"
-#include "validate/validate_internal.h"
 
 namespace rpa::tools {
 namespace {
@@ -217,6 +214,15 @@ void ApplyLimits(const MachineLimits& limits, Result& r) {
   r.frac = r.roofline_ms / r.ms;
 }
 
+// The kernels a call on this batch runs, as its plan names them.
+std::string KernelsOf(const SyntheticBatch& batch, const TensorView& kv_pages,
+                      const AttentionOptions& options) {
+  AttentionPlan plan;
+  plan.Plan(ShapeOf(batch.Q(), kv_pages),
+            PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}, options);
+  return plan.DescribeKernels();
+}
+
 void Progress(const std::string& line) {
   std::fprintf(stderr, "\r\033[K%s", line.c_str());
   std::fflush(stderr);
@@ -350,15 +356,9 @@ std::vector<Result> RunWorkload(const Workload& w, const MachineLimits& limits, 
     r.gflops = flops / s * 1e-9;
     r.all_threads = ti == 1;
     r.kv_dtype = spec.kv_dtype;
-    r.path = internal::DescribeKernels(internal::ValidateRagged(
-        internal::CombinedInputs(
-            batch.Q(), kv_view,
-            PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(), batch.NumSeqs()}),
-        options, batch.OutView(out)));
+    r.path = KernelsOf(batch, kv_view, options);
     if (r.path.find("amx") != std::string::npos) {
-      internal::CpuFeatures no_amx = internal::kAllCpuFeatures;
-      no_amx.amx_bf16 = false;
-      const internal::ScopedCpuFeatureMask hide_amx(no_amx);
+      const testing::ScopedWithoutAmx hide_amx;
       call();  // Warm up the other path's scratch.
       r.no_amx_ms = time_calls(call) * 1e3;
     }
@@ -546,7 +546,7 @@ void PrintJson(const MachineLimits& limits, int threads, const std::vector<Resul
               limits.bf16_dot_gflops[0], limits.bf16_dot_gflops[1], limits.fma_f16_gflops[0],
               limits.fma_f16_gflops[1], limits.amx_bf16_gflops[0], limits.amx_bf16_gflops[1],
               limits.avx512_bf16 ? "true" : "false", limits.avx512_fp16 ? "true" : "false",
-              internal::AmxDetection().c_str());
+              limits.amx.c_str());
   const testing::OnednnPeerInfo onednn = testing::GetOnednnPeerInfo();
   if (onednn.available) {
     std::printf("\"onednn_isa\": \"%s\", \"onednn_version\": \"%s\", \"onednn_threading\": \"%s\"",
@@ -616,7 +616,7 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
     std::printf("  AMX bf16 peak    %7.1f GFLOP/s          %7.1f GFLOP/s\n",
                 limits.amx_bf16_gflops[0], limits.amx_bf16_gflops[1]);
   } else {
-    std::printf("  AMX: %s\n", internal::AmxDetection().c_str());
+    std::printf("  AMX: %s\n", limits.amx.c_str());
   }
   std::printf("  (measured before and after the workloads, %.1f s in all; each figure the higher\n"
               "   of the two, each of those the best of several repetitions)\n",
@@ -664,7 +664,7 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
 }
 
 int RunBench(const BenchArgs& args) {
-  const int threads = internal::ResolveNumThreads(args.threads);
+  const int threads = args.threads > 0 ? args.threads : DefaultNumThreads();
   std::vector<Workload> workloads;
   for (const Workload& w : Workloads()) {
     if (args.only.empty() || std::find(args.only.begin(), args.only.end(), w.name) != args.only.end()) {

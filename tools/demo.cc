@@ -28,9 +28,6 @@
 #include "testing/synthetic_batch.h"
 #include "testing/tolerance.h"
 #include "testing/workloads.h"
-#include "threads/cpu_binding.h"
-#include "threads/cpu_budget.h"
-#include "threads/cpu_list.h"
 
 namespace rpa::tools {
 namespace {
@@ -87,12 +84,8 @@ AttentionOptions MakeOptions(const DemoArgs& args) {
 }
 
 void PrintThreads(const DemoArgs& args) {
-  const std::vector<int> bound = internal::ProcessCpuBinding().cpus();
-  std::printf("threads: %d (default %d: %s%s)\n",
-              args.threads > 0 ? args.threads : DefaultNumThreads(), DefaultNumThreads(),
-              internal::ProcessCpuBudget().Describe().c_str(),
-              bound.empty() ? ", workers unpinned"
-                            : (", workers pinned to CPUs " + internal::FormatCpuList(bound)).c_str());
+  std::printf("threads: %d (default %d: %s)\n", args.threads > 0 ? args.threads : DefaultNumThreads(),
+              DefaultNumThreads(), DescribeThreads().c_str());
 }
 
 // ---- The one mixed step of earlier demos, per call.

@@ -6,11 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
-#include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -20,8 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "kernel/dispatch.h"
-#include "plan/block_sizes_internal.h"
 #include "rpa/block_sizes.h"
 #include "rpa/kernels.h"
 #include "rpa/rpa.h"
@@ -213,41 +208,6 @@ SweepResult Sweep(const SyntheticBatch& batch, const BlockSizeConfig& config, in
   return result;
 }
 
-// The table the run updates: the output file's, so that its other CPUs'
-// sections survive; an empty one where the file does not exist yet. Read
-// before the sweep, so a file that is not a table fails the run at once and
-// stays as it is.
-internal::TunedTable TableToUpdate(const std::string& path) {
-  if (!std::filesystem::exists(path)) return {};
-  std::string error;
-  std::optional<internal::TunedTable> table = internal::ReadTunedTable(path, error);
-  if (!table) {
-    throw CLI::ValidationError("--output", path + " is not a tuned block-size table (" + error +
-                                               "); it was left as it is: fix it or name another file");
-  }
-  return std::move(*table);
-}
-
-std::string TodayUtc() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char date[16];
-  std::strftime(date, sizeof(date), "%Y-%m-%d", &utc);
-  return date;
-}
-
-// The dispatch's description for this K/V dtype, one string per line.
-std::vector<std::string> KernelLines(DType kv_dtype) {
-  std::vector<std::string> lines;
-  std::istringstream text(DescribeKernels(kv_dtype));
-  for (std::string line; std::getline(text, line);) {
-    const size_t first = line.find_first_not_of(' ');
-    if (first != std::string::npos) lines.push_back(line.substr(first));
-  }
-  return lines;
-}
-
 // CPUID's view of the machine, for a report.
 nlohmann::json CpuJson(const CpuInfo& cpu) {
   return {{"vendor", cpu.vendor},
@@ -261,7 +221,12 @@ int RunTune(const TuneArgs& args) {
   const DType q_dtype = ParseDTypeOrThrow(args.q_dtype);
   const DType kv_dtype = ParseDTypeOrThrow(args.kv_dtype);
   const std::vector<HeadConfig> configs = SelectedConfigs(args);
-  internal::TunedTable table = TableToUpdate(args.output);
+  // Before the sweep: a file that is not a table fails the run at once.
+  try {
+    CheckTunedTableFile(args.output);
+  } catch (const Error& e) {
+    throw CLI::ValidationError("--output", e.what());
+  }
   const std::vector<Workload> workloads = Workloads(args.quick);
 
   AttentionOptions base;
@@ -285,10 +250,7 @@ int RunTune(const TuneArgs& args) {
   }
   Progress progress(total);
 
-  internal::TunedSection section;
-  section.cpu = ThisCpuInfo();
-  section.measured = TodayUtc();
-  section.kernels = KernelLines(kv_dtype);
+  std::vector<TunedBlockSizes> entries;
   nlohmann::json checks = nlohmann::json::array();
   size_t key_index = 0;
   for (const HeadConfig& head : configs) {
@@ -310,14 +272,13 @@ int RunTune(const TuneArgs& args) {
 
       const SweepResult sweep =
           Sweep(batch, key, max_q, base, args.quick, progress, head.name + " " + w.name);
-      section.entries.push_back({key, sweep.best});
+      entries.push_back({key, sweep.best});
 
       if (args.check) {
         // The three timed again side by side: the sweep's best_ms is the
         // least of many noisy timings, so it is biased low.
         std::vector<uint8_t> out = batch.NewOutput();
         const BlockSizeChoice automatic = ChooseBlockSizes(key);
-        const std::optional<internal::TableChoice> tuned = internal::ChooseFromLoadedTables(key);
         AttentionOptions best = base;
         best.num_kv_pages_per_block = sweep.best.num_kv_pages_per_block;
         best.num_queries_per_block = sweep.best.num_queries_per_block;
@@ -335,7 +296,7 @@ int RunTune(const TuneArgs& args) {
                           {"default_ms", default_ms},
                           {"auto", {automatic.sizes.num_kv_pages_per_block, automatic.sizes.num_queries_per_block}},
                           {"auto_source", ToString(automatic.source)},
-                          {"auto_section", tuned ? tuned->section : "none (the heuristic)"},
+                          {"auto_section", automatic.section.empty() ? "none (the heuristic)" : automatic.section},
                           {"best", {sweep.best.num_kv_pages_per_block, sweep.best.num_queries_per_block}},
                           {"auto_over_best", auto_ms / best_ms},
                           {"auto_over_default", auto_ms / default_ms},
@@ -344,15 +305,15 @@ int RunTune(const TuneArgs& args) {
     }
   }
 
-  const size_t entries = section.entries.size();
-  const bool replaced = internal::PutSection(table, std::move(section));
-  std::ofstream file(args.output);
-  file << internal::SerializeTunedTable(table);
-  if (!file) {
-    std::fprintf(stderr, "rpa tune: cannot write %s\n", args.output.c_str());
+  TunedTableUpdate update;
+  try {
+    update = SaveTunedBlockSizes(args.output, entries);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "rpa tune: %s\n", e.what());
     return 1;
   }
-  const int64_t others = static_cast<int64_t>(table.sections.size()) - 1;
+  const bool replaced = update.replaced;
+  const int64_t others = update.other_sections;
   if (args.json) {
     nlohmann::json report;
     report["cpu"] = CpuJson(ThisCpuInfo());
@@ -364,7 +325,7 @@ int RunTune(const TuneArgs& args) {
     return 0;
   }
   std::printf("wrote this CPU's section (%zu entries; %s; %s) to %s, %s; kept %lld other section%s\n",
-              entries, ThisCpuInfo().model_name.c_str(), ThisCpuInfo().features.c_str(),
+              entries.size(), ThisCpuInfo().model_name.c_str(), ThisCpuInfo().features.c_str(),
               args.output.c_str(), replaced ? "replacing its last one" : "a new section",
               static_cast<long long>(others), others == 1 ? "" : "s");
   if (args.check) {
@@ -425,11 +386,8 @@ int RunExplain(const ExplainArgs& args) {
               static_cast<long long>(choice.sizes.num_queries_per_block), ToString(choice.source),
               static_cast<long long>(config.PagesPerSeq()));
   std::printf("why: %s\n", choice.explanation.c_str());
-  std::printf("kernels for %s K/V (tokens per tile x q heads per kv head: decode <= %lld rows, "
-              "prefill >= %lld; docs/kernel.md)\n%s",
-              std::string(ToString(config.kv_dtype)).c_str(), static_cast<long long>(internal::kMultiHeadRows),
-              static_cast<long long>(internal::kPackedMinRows),
-              internal::DescribeDispatch(config.kv_dtype).c_str());
+  std::printf("kernels for %s K/V (rows: tokens per tile x q heads per kv head; docs/kernel.md)\n%s",
+              std::string(ToString(config.kv_dtype)).c_str(), DescribeKernels(config.kv_dtype).c_str());
   return 0;
 }
 

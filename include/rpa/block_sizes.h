@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "rpa/dtype.h"
 #include "rpa/export.h"
@@ -43,6 +44,10 @@ struct BlockSizeChoice {
   // Which entry (and from which table section, and why that section) or
   // which heuristic, with its numbers.
   std::string explanation;
+  // The table section that answered, as the explanation names it
+  // ("section \"AMD EPYC\" (...) of <shipped table>, this CPU's: ..."); empty
+  // for the heuristic.
+  std::string section;
 };
 
 // What the library uses when the caller passes no block sizes. vmem_limit_bytes
@@ -62,6 +67,35 @@ RPA_EXPORT BlockSizes GetTunedBlockSizes(DType q_dtype, DType kv_dtype, int64_t 
 // that cannot be read or parsed is ignored with a warning on stderr naming
 // it; returns whether it was loaded. An empty path unloads the user table.
 RPA_EXPORT bool LoadTunedBlockSizes(const std::string& path);
+
+// What a block-size sweep on this machine found fastest for one key:
+// an entry of this CPU's section of a tuned table (`rpa tune`).
+struct TunedBlockSizes {
+  BlockSizeConfig config;
+  BlockSizes sizes;
+};
+
+// Checks that `path` can take this CPU's section: it does not exist yet, or
+// it is a tuned table (docs/block_sizes.md). Call it before a sweep so a
+// file that is not a table fails at once. Throws rpa::Error
+// (ErrorKind::kOption) naming the file and the fault ("... is not a tuned
+// block-size table (sections[1].cpu.family must be ...)"); never writes.
+RPA_EXPORT void CheckTunedTableFile(const std::string& path);
+
+// What SaveTunedBlockSizes did to the file.
+struct TunedTableUpdate {
+  bool replaced = false;       // An earlier section of this CPU was replaced (else one was added).
+  int64_t other_sections = 0;  // Other CPUs' sections, kept as they were.
+};
+
+// Writes `entries` as this CPU's section of the table at `path`: this CPU
+// (ThisCpuInfo in rpa/kernels.h), today's UTC date and DescribeKernels'
+// lines for the first entry's K/V dtype, replacing any earlier section of
+// this CPU and keeping the other CPUs' sections; creates the file where it
+// does not exist. Throws rpa::Error (ErrorKind::kOption) as
+// CheckTunedTableFile does, or when the file cannot be written.
+RPA_EXPORT TunedTableUpdate SaveTunedBlockSizes(const std::string& path,
+                                               const std::vector<TunedBlockSizes>& entries);
 
 // This CPU's model name (ThisCpuInfo().model_name in rpa/kernels.h): all
 // that a version-1 table recorded of its CPU.

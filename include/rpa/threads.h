@@ -10,6 +10,7 @@
 #ifndef RPA_THREADS_H_
 #define RPA_THREADS_H_
 
+#include <string>
 #include <vector>
 
 #include "rpa/export.h"
@@ -29,6 +30,11 @@ RPA_EXPORT void SetCpuBinding(const std::vector<int>& cpus);
 
 // The thread count a call without num_threads uses (see above).
 RPA_EXPORT int DefaultNumThreads();
+
+// Why DefaultNumThreads() is what it is and where the workers run, for
+// logs: "2 CPUs (affinity 2, cgroup quota none), workers pinned to CPUs
+// 0-1" (or "..., workers unpinned").
+RPA_EXPORT std::string DescribeThreads();
 
 }  // namespace rpa
 

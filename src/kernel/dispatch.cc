@@ -79,6 +79,17 @@ struct ChoicePair {
   }
 };
 
+// The rows per kv head and tile (ClassOfRows) a class of task takes.
+std::string ClassRows(TaskClass task_class) {
+  switch (task_class) {
+    case TaskClass::kDecode: return "<= " + std::to_string(kMultiHeadRows) + " rows";
+    case TaskClass::kMiddle:
+      return std::to_string(kMultiHeadRows + 1) + "-" + std::to_string(kPackedMinRows - 1) + " rows";
+    case TaskClass::kPrefill: return ">= " + std::to_string(kPackedMinRows) + " rows";
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string DescribeDispatch(DType kv_dtype) {
@@ -90,7 +101,8 @@ std::string DescribeDispatch(DType kv_dtype) {
                        : "") +
                   "\n";
   for (int c = 0; c < kNumTaskClasses; ++c) {
-    s += std::string("  ") + ToString(static_cast<TaskClass>(c)) + ": " + choice.Describe(c);
+    s += std::string("  ") + ToString(static_cast<TaskClass>(c)) + " (" + ClassRows(static_cast<TaskClass>(c)) +
+         "): " + choice.Describe(c);
     s += "\n";
   }
   return s;

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -119,9 +121,9 @@ bool IsDate(std::string_view s) {
   return month >= 1 && month <= 12 && day >= 1 && day <= 31;
 }
 
-TunedEntry ParseEntry(const json& e, const std::string& path) {
+TunedBlockSizes ParseEntry(const json& e, const std::string& path) {
   RequireObject(e, path, "q_dtype, kv_dtype, num_q_heads, ..., num_queries_per_block");
-  TunedEntry entry;
+  TunedBlockSizes entry;
   BlockSizeConfig& c = entry.config;
   c.q_dtype = ReadDType(e, path, "q_dtype");
   c.kv_dtype = ReadDType(e, path, "kv_dtype");
@@ -136,9 +138,9 @@ TunedEntry ParseEntry(const json& e, const std::string& path) {
   return entry;
 }
 
-std::vector<TunedEntry> ParseEntries(const json& object, const std::string& path) {
+std::vector<TunedBlockSizes> ParseEntries(const json& object, const std::string& path) {
   const std::string at = Field(path, "entries");
-  std::vector<TunedEntry> entries;
+  std::vector<TunedBlockSizes> entries;
   const json& list = ReadArray(object, path, "entries", "entries");
   for (size_t i = 0; i < list.size(); ++i) entries.push_back(ParseEntry(list[i], Element(at, i)));
   return entries;
@@ -314,14 +316,14 @@ std::string Describe(const BlockSizeConfig& c) {
 // heads, head_dim and dtypes, which keeps its KV tile in tokens (not
 // pages), since the page size may differ; nullopt when it has neither.
 std::optional<BlockSizeChoice> ChooseInSection(const TunedSection& section, const BlockSizeConfig& config) {
-  for (const TunedEntry& entry : section.entries) {
+  for (const TunedBlockSizes& entry : section.entries) {
     if (!SameKey(entry.config, config)) continue;
     return BlockSizeChoice{entry.sizes, BlockSizeSource::kTable,
-                           StrCat("tuned entry for ", Describe(entry.config))};
+                           StrCat("tuned entry for ", Describe(entry.config)), ""};
   }
   std::optional<BlockSizeChoice> choice;
   double best = std::numeric_limits<double>::infinity();
-  for (const TunedEntry& entry : section.entries) {
+  for (const TunedBlockSizes& entry : section.entries) {
     if (!SameShape(entry.config, config)) continue;
     const double distance = Distance(entry.config, config);
     if (distance >= best) continue;
@@ -334,7 +336,8 @@ std::optional<BlockSizeChoice> ChooseInSection(const TunedSection& section, cons
         sizes, BlockSizeSource::kNearest,
         StrCat("nearest tuned entry, ", Describe(entry.config), " (", distance,
                " octaves away): its KV tile of ", tile_tokens, " tokens = ", sizes.num_kv_pages_per_block,
-               " pages of ", config.page_size, ", ", sizes.num_queries_per_block, " queries")};
+               " pages of ", config.page_size, ", ", sizes.num_queries_per_block, " queries"),
+        ""};
   }
   return choice;
 }
@@ -371,6 +374,40 @@ bool LoadUserTableLocked(Tables& tables, const std::string& path) {
   table->user = true;
   tables.tables.insert(tables.tables.begin(), std::move(*table));
   return true;
+}
+
+// The table at `path` as SaveTunedBlockSizes updates it: the file's, so that
+// its other CPUs' sections survive, or an empty one where it does not exist.
+TunedTable TableToUpdate(const std::string& path) {
+  if (!std::filesystem::exists(path)) return {};
+  std::string error;
+  std::optional<TunedTable> table = ReadTunedTable(path, error);
+  if (!table) {
+    ThrowInvalid(ErrorKind::kOption, StrCat(path, " is not a tuned block-size table (", error, ")."),
+                 "It was left as it is: fix it or name another file.");
+  }
+  return std::move(*table);
+}
+
+std::string TodayUtc() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char date[16];
+  std::strftime(date, sizeof(date), "%Y-%m-%d", &utc);
+  return date;
+}
+
+// DescribeKernels' lines, indentation dropped: what a section records of
+// the kernels it was tuned with.
+std::vector<std::string> KernelLines(DType kv_dtype) {
+  std::vector<std::string> lines;
+  std::istringstream text(DescribeKernels(kv_dtype));
+  for (std::string line; std::getline(text, line);) {
+    const size_t first = line.find_first_not_of(' ');
+    if (first != std::string::npos) lines.push_back(line.substr(first));
+  }
+  return lines;
 }
 
 void LoadEnvTableOnce(Tables& tables) {
@@ -432,7 +469,7 @@ std::string SerializeTunedTable(const TunedTable& table) {
     section["measured"] = s.measured;
     section["kernels"] = s.kernels;
     section["entries"] = nlohmann::ordered_json::array();
-    for (const TunedEntry& e : s.entries) {
+    for (const TunedBlockSizes& e : s.entries) {
       section["entries"].push_back({{"q_dtype", ToString(e.config.q_dtype)},
                                     {"kv_dtype", ToString(e.config.kv_dtype)},
                                     {"num_q_heads", e.config.num_q_heads},
@@ -472,7 +509,7 @@ bool PutSection(TunedTable& table, TunedSection section) {
   return replaced;
 }
 
-std::optional<TableChoice> ChooseFromTables(const std::vector<TunedTable>& tables,
+std::optional<BlockSizeChoice> ChooseFromTables(const std::vector<TunedTable>& tables,
                                             const BlockSizeConfig& config, const CpuInfo& cpu) {
   std::string passed_over;
   for (const RankedSection& ranked : RankSections(tables, cpu)) {
@@ -483,12 +520,13 @@ std::optional<TableChoice> ChooseFromTables(const std::vector<TunedTable>& table
       continue;
     }
     choice->explanation += StrCat(" in ", section, passed_over);
-    return TableChoice{std::move(*choice), section};
+    choice->section = section;
+    return choice;
   }
   return std::nullopt;
 }
 
-std::optional<TableChoice> ChooseFromLoadedTables(const BlockSizeConfig& config) {
+std::optional<BlockSizeChoice> ChooseFromLoadedTables(const BlockSizeConfig& config) {
   Tables& tables = GlobalTables();
   std::lock_guard<std::mutex> lock(tables.mutex);
   LoadEnvTableOnce(tables);
@@ -581,8 +619,8 @@ const char* ToString(BlockSizeSource source) {
 
 BlockSizeChoice ChooseBlockSizes(const BlockSizeConfig& config,
                                  std::optional<int64_t> vmem_limit_bytes) {
-  std::optional<internal::TableChoice> tuned = internal::ChooseFromLoadedTables(config);
-  BlockSizeChoice choice = tuned ? std::move(tuned->choice)
+  std::optional<BlockSizeChoice> tuned = internal::ChooseFromLoadedTables(config);
+  BlockSizeChoice choice = tuned ? std::move(*tuned)
                                  : internal::HeuristicBlockSizes(config, internal::ThisCpuCaches());
   choice.sizes = internal::FitBlockSizes(config, choice.sizes, vmem_limit_bytes, choice.explanation);
   return choice;
@@ -602,6 +640,27 @@ bool LoadTunedBlockSizes(const std::string& path) {
   std::lock_guard<std::mutex> lock(tables.mutex);
   tables.env_checked = true;  // An explicit call wins over the environment.
   return internal::LoadUserTableLocked(tables, path);
+}
+
+void CheckTunedTableFile(const std::string& path) { internal::TableToUpdate(path); }
+
+TunedTableUpdate SaveTunedBlockSizes(const std::string& path, const std::vector<TunedBlockSizes>& entries) {
+  internal::TunedTable table = internal::TableToUpdate(path);
+  internal::TunedSection section;
+  section.cpu = ThisCpuInfo();
+  section.measured = internal::TodayUtc();
+  if (!entries.empty()) section.kernels = internal::KernelLines(entries.front().config.kv_dtype);
+  section.entries = entries;
+  TunedTableUpdate update;
+  update.replaced = internal::PutSection(table, std::move(section));
+  update.other_sections = static_cast<int64_t>(table.sections.size()) - 1;
+  std::ofstream file(path);
+  file << internal::SerializeTunedTable(table);
+  if (!file) {
+    internal::ThrowInvalid(ErrorKind::kOption, internal::StrCat("Cannot write the tuned block-size table ", path, "."),
+                           "Name a file in a directory you can write to.");
+  }
+  return update;
 }
 
 std::string CpuModelName() { return ThisCpuInfo().model_name; }

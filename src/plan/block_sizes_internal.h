@@ -19,11 +19,6 @@ inline constexpr const char* kTunedTableFormat = "rpa-tuned-block-sizes";
 // name) is still read, as one section known by that name only.
 inline constexpr int kTunedTableVersion = 2;
 
-struct TunedEntry {
-  BlockSizeConfig config;
-  BlockSizes sizes;
-};
-
 // What one CPU kind measured. A cpu.vendor of "" means the CPU is known by
 // its model name only (a version-1 file's section, or a CPU off x86-64);
 // family and model 0 mean not known.
@@ -31,7 +26,7 @@ struct TunedSection {
   CpuInfo cpu;
   std::string measured;              // UTC date "YYYY-MM-DD"; "" when not known.
   std::vector<std::string> kernels;  // DescribeKernels' lines when it was tuned; empty when not known.
-  std::vector<TunedEntry> entries;
+  std::vector<TunedBlockSizes> entries;
 };
 
 struct TunedTable {
@@ -72,20 +67,15 @@ SectionMatch MatchSection(const CpuInfo& section, const CpuInfo& cpu);
 // was replaced.
 bool PutSection(TunedTable& table, TunedSection section);
 
-// A choice from the tables, with the section it came from and why that one
-// ("section \"AMD EPYC\" (...) of <shipped table>, this CPU's: ...").
-struct TableChoice {
-  BlockSizeChoice choice;
-  std::string section;
-};
 // The lookup for `cpu`: sections ranked by MatchSection (the user's table
 // first within a rank, then file order); the first with an entry of the
 // same dtypes, heads and head_dim answers, by its entry of the same key,
-// else its nearest entry. nullopt when no section has such an entry.
-std::optional<TableChoice> ChooseFromTables(const std::vector<TunedTable>& tables,
+// else its nearest entry; the choice names that section (and why that one).
+// nullopt when no section has such an entry.
+std::optional<BlockSizeChoice> ChooseFromTables(const std::vector<TunedTable>& tables,
                                             const BlockSizeConfig& config, const CpuInfo& cpu);
 // The same over the tables in use (user, shipped) for this CPU.
-std::optional<TableChoice> ChooseFromLoadedTables(const BlockSizeConfig& config);
+std::optional<BlockSizeChoice> ChooseFromLoadedTables(const BlockSizeConfig& config);
 
 struct CacheSizes {
   int64_t l1d_bytes = 0;

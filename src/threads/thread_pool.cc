@@ -6,6 +6,7 @@
 
 #include "rpa/threads.h"
 #include "threads/cpu_budget.h"
+#include "threads/cpu_list.h"
 #include "threads/thread_affinity.h"
 #include "threads/worker_idle_hooks.h"
 
@@ -132,5 +133,11 @@ int ResolveNumThreads(int requested) {
 namespace rpa {
 
 int DefaultNumThreads() { return internal::ResolveNumThreads(0); }
+
+std::string DescribeThreads() {
+  const std::vector<int> bound = internal::ProcessCpuBinding().cpus();
+  return internal::ProcessCpuBudget().Describe() +
+         (bound.empty() ? ", workers unpinned" : ", workers pinned to CPUs " + internal::FormatCpuList(bound));
+}
 
 }  // namespace rpa
