@@ -234,9 +234,10 @@ BENCHMARK(BM_Decode)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecon
 // The memory side of BM_Decode alone: the same rows read in the kernel's
 // order (a sequence per task; 32-key tiles; per kv head the tile's K rows,
 // then its V rows: row c of a token, c = 2h for K and 2h + 1 for V, in order
-// of c) with the same prefetch of the next tile's rows, one load
-// per cache line and no arithmetic. Its time bounds the decode call from
-// below on this access pattern, whatever the kernel computes.
+// of c) with the same prefetches of the next tile's rows (as many, in
+// address order, into L1: WalkTiles' NextTileRows), one load per cache line
+// and no arithmetic. Its time bounds the decode call from below on this
+// access pattern, whatever the kernel computes.
 void BM_DecodeMemoryOnly(benchmark::State& state) {
   const RotatingDecodeCache cache;
   const testing::SyntheticBatch& batch = cache.batch;
@@ -256,13 +257,21 @@ void BM_DecodeMemoryOnly(benchmark::State& state) {
     pool.ParallelFor(seqs, static_cast<int>(state.range(0)), [&](int64_t seq, int) {
       uint64_t bits = 0;
       for (int64_t t = 0; t < tile; ++t) {
-        for (int64_t c = 0; c < 2 * kv_heads; ++c) internal::PrefetchRow(row(base, seq, t, c), row_bytes);
+        for (int64_t c = 0; c < 2 * kv_heads; ++c) {
+          internal::PrefetchRow(row(base, seq, t, c), row_bytes, internal::PrefetchTo::kL1);
+        }
       }
       for (int64_t t0 = 0; t0 < kv_len; t0 += tile) {
         const bool next = t0 + tile < kv_len;
         for (int64_t c = 0; c < 2 * kv_heads; ++c) {
           for (int64_t t = t0; t < t0 + tile; ++t) {
-            if (next) internal::PrefetchRow(row(base, seq, t + tile, c), row_bytes);
+            // Visit (c, t) prefetches the next tile's row number c * tile + t
+            // in address order: token by token, row by row.
+            const int64_t j = c * tile + (t - t0);
+            if (next) {
+              internal::PrefetchRow(row(base, seq, t0 + tile + j / (2 * kv_heads), j % (2 * kv_heads)),
+                                    row_bytes, internal::PrefetchTo::kL1);
+            }
             const uint8_t* r = row(base, seq, t, c);
             for (int64_t b = 0; b < row_bytes; b += 64) {
               uint64_t x;

@@ -1029,23 +1029,25 @@ TEST(KernelDispatchTest, EveryRecordHasAnInstancePerDtype) {
 }
 
 // The public description names the features, AMX's status and each class's
-// kernels, as dispatch chooses them on this thread.
+// rows and kernels, as dispatch chooses them on this thread.
 TEST(KernelDispatchTest, DescribeKernelsNamesEveryClass) {
   const std::string all = rpa::DescribeKernels(DType::kBF16);
   EXPECT_NE(all.find("cpu features: " + DetectedCpuFeatures().ToString()), std::string::npos)
       << all;
   EXPECT_NE(all.find("amx: " + AmxDetection()), std::string::npos) << all;
-  for (const char* c : {"decode: ", "middle: ", "prefill: "}) {
+  for (const std::string& c : {"decode (<= " + std::to_string(kMultiHeadRows) + " rows): ",
+                              "middle (" + std::to_string(kMultiHeadRows + 1) + "-" +
+                                  std::to_string(kPackedMinRows - 1) + " rows): ",
+                              "prefill (>= " + std::to_string(kPackedMinRows) + " rows): "}) {
     EXPECT_NE(all.find(c), std::string::npos) << all;
   }
   {
     ScopedCpuFeatureMask portable(kNoCpuFeatures);
-    EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("prefill: highway_packed"),
-              std::string::npos);
+    EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("rows): highway_packed"), std::string::npos);
   }
   if (!DetectedCpuFeatures().avx512bf16) return;
   testing::ScopedAmxEmulation emulate;
-  EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("prefill: amx_prefill (emulated)"),
+  EXPECT_NE(rpa::DescribeKernels(DType::kBF16).find("rows): amx_prefill (emulated)"),
             std::string::npos)
       << rpa::DescribeKernels(DType::kBF16);
 }
@@ -1285,12 +1287,12 @@ int64_t PlannedScratchBytes(const AttentionProblem& p) {
 
 // The same for the tiles t of p, as the plan would shape its scratch.
 int64_t WorkerScratchBytes(const AttentionProblem& p, const TileSizes& t) {
-  ScratchShape shape;
-  shape.rows = ScratchRows(t.q_tile, p.QueriesPerKvHead(), p.num_kv_heads);
-  shape.head_dim = p.head_dim;
-  shape.kv_block = t.pages_per_block * p.page_size;
-  shape.kv_dtype = p.kv_dtype;
-  return ScratchBytes(shape);
+  return ScratchBytes(ShapeOfScratch({.q_tile = t.q_tile,
+                                     .kv_block = t.pages_per_block * p.page_size,
+                                     .group = p.QueriesPerKvHead(),
+                                     .num_kv_heads = p.num_kv_heads,
+                                     .head_dim = p.head_dim,
+                                     .kv_dtype = p.kv_dtype}));
 }
 
 // Decode tasks take every kv head (num_kv_heads x the rows of a query tile):

@@ -161,7 +161,7 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline bool HalfPvPass(const Ha
   for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask64(d0 + 64 * c, head_dim);
   __m512i seen = _mm512_setzero_si512();
   for (int64_t t = 0; t < n; ++t) {
-    if (t < pf.count) PrefetchRow(pf[t], args.prefetch_bytes);
+    PrefetchRows(pf, t, 1, args.prefetch_bytes);
     const uint8_t* row = static_cast<const uint8_t*>(v_rows[t]);
     __m512 va[kChunks], vb[kChunks];
 #pragma GCC unroll 2

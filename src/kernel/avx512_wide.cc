@@ -188,7 +188,7 @@ RPA_AVX512_TARGET void WidePvBlock(const PvPass& a, int64_t d0, bool prefetch) {
     }
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    if (t < pf.count) PrefetchRow(pf[t], a.prefetch_bytes);
+    PrefetchRows(pf, t, 1, a.prefetch_bytes);
     __m512 ve[kChunks], vo[kChunks];
 #pragma GCC unroll 2
     for (int c = 0; c < kChunks; ++c) {

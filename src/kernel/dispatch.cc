@@ -82,10 +82,9 @@ struct ChoicePair {
 // The rows per kv head and tile (ClassOfRows) a class of task takes.
 std::string ClassRows(TaskClass task_class) {
   switch (task_class) {
-    case TaskClass::kDecode: return "<= " + std::to_string(kMultiHeadRows) + " rows";
-    case TaskClass::kMiddle:
-      return std::to_string(kMultiHeadRows + 1) + "-" + std::to_string(kPackedMinRows - 1) + " rows";
-    case TaskClass::kPrefill: return ">= " + std::to_string(kPackedMinRows) + " rows";
+    case TaskClass::kDecode: return "<= " + std::to_string(kMultiHeadRows);
+    case TaskClass::kMiddle: return std::to_string(kMultiHeadRows + 1) + "-" + std::to_string(kPackedMinRows - 1);
+    case TaskClass::kPrefill: return ">= " + std::to_string(kPackedMinRows);
   }
   return "";
 }
@@ -101,8 +100,8 @@ std::string DescribeDispatch(DType kv_dtype) {
                        : "") +
                   "\n";
   for (int c = 0; c < kNumTaskClasses; ++c) {
-    s += std::string("  ") + ToString(static_cast<TaskClass>(c)) + " (" + ClassRows(static_cast<TaskClass>(c)) +
-         "): " + choice.Describe(c);
+    const auto task_class = static_cast<TaskClass>(c);
+    s += std::string("  ") + ToString(task_class) + " (" + ClassRows(task_class) + " rows): " + choice.Describe(c);
     s += "\n";
   }
   return s;
@@ -135,14 +134,13 @@ std::string DispatchTable() {
   s += "\n| --- | --- | --- |";
   for (size_t i = 0; i < std::size(columns); ++i) s += " --- |";
   s += "\n";
-  const char* rows_of[kNumTaskClasses] = {"<= 8 (decode)", "9-31 (middle)", ">= 32 (prefill)"};
   for (DType q : q_dtypes) {
     for (DType kv : kv_dtypes) {
       std::vector<ChoicePair> choices;
       for (const Column& column : columns) choices.emplace_back(q, kv, column.cpu);
       for (int c = 0; c < kNumTaskClasses; ++c) {
         s += "| " + std::string(ToString(q)) + " | " + std::string(ToString(kv)) + " | " +
-             rows_of[c] + " |";
+             ClassRows(static_cast<TaskClass>(c)) + " (" + ToString(static_cast<TaskClass>(c)) + ") |";
         for (const ChoicePair& choice : choices) {
           s += " ";
           s += choice.Describe(c);

@@ -6,10 +6,24 @@
 
 namespace rpa::internal {
 
+namespace {
+
 int64_t ScratchRows(int64_t q_tile, int64_t group, int64_t num_kv_heads) {
   // A sequence's last query tile may be short enough to be decode-like.
   const int64_t rows = q_tile * group;
   return RoundUp(std::max(rows, num_kv_heads * std::min(rows, kMultiHeadRows)), kRowAlign);
+}
+
+}  // namespace
+
+ScratchShape ShapeOfScratch(const ScratchTiles& tiles) {
+  ScratchShape shape;
+  shape.rows = ScratchRows(tiles.q_tile, tiles.group, tiles.num_kv_heads);
+  shape.head_dim = tiles.head_dim;
+  shape.kv_block = tiles.kv_block;
+  shape.kv_dtype = tiles.kv_dtype;
+  shape.num_kv_heads = tiles.num_kv_heads;
+  return shape;
 }
 
 size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out) {
@@ -38,8 +52,10 @@ size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out)
   s.acc = take(rows * dim_pad);
   s.m = take(rows);
   s.l = take(rows);
-  s.k_base = reinterpret_cast<const uint8_t**>(take(2 * token_pad * kPointerFloats));
-  s.v_base = reinterpret_cast<const uint8_t**>(take(2 * token_pad * kPointerFloats));
+  s.k_base = reinterpret_cast<const uint8_t**>(take(kTileRowSlots * token_pad * kPointerFloats));
+  s.v_base = reinterpret_cast<const uint8_t**>(take(kTileRowSlots * token_pad * kPointerFloats));
+  s.next_rows = reinterpret_cast<const uint8_t**>(
+      take(2 * shape.num_kv_heads * std::min(token_pad, kMultiHeadTile) * kPointerFloats));
   s.tile.dim_pad = dim_pad;
   s.tile.packed = take(RoundUp(shape.kv_block, kPackedTokenAlign) * dim_pad);
   s.tile.row_pointers = reinterpret_cast<const void**>(take(token_pad * kPointerFloats));

@@ -20,6 +20,9 @@ inline constexpr int64_t kRowAlign = 16;
 // Keys of a packed K tile are padded to twice the widest vector.
 inline constexpr int64_t kPackedTokenAlign = 32;
 
+// Tiles whose row pointers a walk holds: the current one and the next.
+inline constexpr int64_t kTileRowSlots = 2;
+
 struct WorkerScratch {
   int64_t dim_pad = 0;    // RoundUp(head_dim, kDimAlign).
   int64_t token_pad = 0;  // RoundUp(kv_block, kTokenAlign).
@@ -32,24 +35,40 @@ struct WorkerScratch {
   float* acc = nullptr;  // [rows, dim_pad] output accumulators.
   float* m = nullptr;    // [rows] running max.
   float* l = nullptr;    // [rows] running sum.
-  // [2][token_pad] each: kv head task.kv_head's K / V row of each key of the
-  // current and the next tile (ping-pong); other heads are a fixed offset.
+  // [kTileRowSlots][token_pad] each: kv head task.kv_head's K / V row of
+  // each key of the current and the next tile (ping-pong); other heads are
+  // a fixed offset.
   const uint8_t** k_base = nullptr;
   const uint8_t** v_base = nullptr;
+  // [2 * num_kv_heads * kMultiHeadTile] for a task over every kv head: the
+  // next tile's K and V rows in address order, dealt out to the passes'
+  // prefetches (WalkTiles).
+  const uint8_t** next_rows = nullptr;
   TileScratch tile;
 };
 
 struct ScratchShape {
-  int64_t rows = 0;  // The most rows of any task (ScratchRows).
+  int64_t rows = 0;  // The most rows of any task (ShapeOfScratch).
   int64_t head_dim = 0;
   int64_t kv_block = 0;  // Keys per KV tile.
+  int64_t num_kv_heads = 1;  // The kv heads a decode task spans.
   DType kv_dtype = DType::kF32;
 };
 
-// The most rows of a task with query tiles of q_tile tokens: q_tile x group
-// (q heads per kv head), or for decode-like tiles (a sequence's last tile
-// may be one), which take every kv head in one task, num_kv_heads x theirs.
-int64_t ScratchRows(int64_t q_tile, int64_t group, int64_t num_kv_heads);
+// The scratch of a plan with query tiles of q_tile tokens and KV tiles of
+// kv_block keys, the one way the plan, the block-size fit and the tests
+// shape it. Its rows: the most of any task, q_tile x group, or for
+// decode-like tiles (a sequence's last tile may be one), which take every
+// kv head in one task, num_kv_heads x theirs.
+struct ScratchTiles {
+  int64_t q_tile = 1;
+  int64_t kv_block = 1;
+  int64_t group = 1;  // q heads per kv head.
+  int64_t num_kv_heads = 1;
+  int64_t head_dim = 1;
+  DType kv_dtype = DType::kF32;
+};
+ScratchShape ShapeOfScratch(const ScratchTiles& tiles);
 
 // Lays one worker's scratch out at base (64-byte aligned sections) into
 // *out; base null: only measures. Returns its size in floats.

@@ -47,6 +47,13 @@ inline constexpr int kNumTaskClasses = 3;
 inline constexpr int64_t kMultiHeadRows = 8;
 inline constexpr int64_t kPackedMinRows = 32;
 
+// Keys per tile when a task spans several kv heads (32 tokens x 4 KiB for 8
+// kv heads x 128 bf16 x K,V = 128 KiB per tile). Measured on the decode
+// shape (docs/kernel.md): 24-32 keys 9.4 ms, 48 9.7, 64 13.6, 128 22 (no
+// prefetch): the next tile, prefetched meanwhile, and the current one stay
+// in L2 and the misses in flight stay few enough not to stall the products.
+inline constexpr int64_t kMultiHeadTile = 32;
+
 inline TaskClass ClassOfRows(int64_t rows_per_kv_head) {
   return rows_per_kv_head <= kMultiHeadRows   ? TaskClass::kDecode
          : rows_per_kv_head < kPackedMinRows ? TaskClass::kMiddle

@@ -80,13 +80,6 @@ inline int64_t CountSetBits(const uint8_t* bits, int64_t begin, int64_t count) {
 // What a custom mask keeps of a tile, over every row of a task.
 enum class TileKeep : uint8_t { kNone, kSome, kAll };
 
-// Keys per tile when a task spans several kv heads (32 tokens x 4 KiB for 8
-// kv heads x 128 bf16 x K,V = 128 KiB per tile). Measured on the decode
-// shape (docs/kernel.md): 24-32 keys 9.4 ms, 48 9.7, 64 13.6, 128 22 (no
-// prefetch): the next tile, prefetched meanwhile, and the current one stay
-// in L2 and the misses in flight stay few enough not to stall the products.
-inline constexpr int64_t kMultiHeadTile = 32;
-
 // What every step of one task needs: its shape, its kernels, its scales.
 struct TaskContext {
   const AttentionProblem* pr = nullptr;
@@ -268,13 +261,54 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
   products.pv(s, tile, c.State(r0), ws.tile);
 }
 
+// Where a task over several kv heads prefetches the next tile's rows: in
+// address order where a token's rows of every kv head lie together (the
+// combined cache, and NHD caches), one kv head's rows at a time otherwise
+// (HND, heads outermost in a page).
+//
+// A pass (one kv head's K, or its V) prefetches `count` rows of its list as
+// it reads its own. Dealing out the next tile's rows of every head in
+// address order (token by token: K then V of head 0, 1, ...) instead of each
+// pass prefetching its own head's rows, a token (4 KiB) apart, makes the
+// requests a sequential stream: 27-28 GB/s against 16-18 on one Zen 5 core
+// for the same rows and the same number of prefetches (docs/kernel_log.md).
+struct NextTileRows {
+  const uint8_t** rows = nullptr;  // [2 * heads * n]: token-major, then K, V of each head.
+  int64_t n = 0;                   // Keys of the next tile.
+  bool address_order = false;
+
+  PrefetchTo PrefetchLevel() const { return address_order ? PrefetchTo::kL1 : PrefetchTo::kL2; }
+
+  // The next tile's K (kv = 0) or V (kv = 1) pass of kv head h: its rows to prefetch.
+  KvRows ForPass(const uint8_t* const* own_base, int64_t own_offset, int64_t h, int kv) const {
+    if (!address_order) return {own_base, own_offset, n};
+    return {rows + (2 * h + kv) * n, 0, n, PrefetchLevel()};
+  }
+};
+
+inline bool TokenRowsTogether(const AttentionProblem& pr) {
+  return pr.k.head_stride < pr.k.slot_stride && pr.v.head_stride < pr.v.slot_stride;
+}
+
+// The next tile's rows of every kv head, token by token (NextTileRows).
+inline void ListRowsInAddressOrder(const uint8_t* const* k_base, const uint8_t* const* v_base,
+                                   int64_t n, int64_t heads, int64_t k_head_bytes,
+                                   int64_t v_head_bytes, const uint8_t** rows) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      *rows++ = k_base[i] + h * k_head_bytes;
+      *rows++ = v_base[i] + h * v_head_bytes;
+    }
+  }
+}
+
 // Walks the task's KV range tile by tile. Row pointers of the current and
 // the next tile (ping-pong). Only keys below kv_len are ever read, so NaN
 // pages and garbage page indices past them are never followed. One kv
 // head's rows sit a whole token apart (4 KiB for 8 kv heads x 128 bf16 x
 // K,V), which the hardware prefetchers do not follow: the next tile's rows
-// are prefetched into L2 while this one is computed, and the first tile's
-// up front.
+// are prefetched into L2 while this one is computed (NextTileRows), and the
+// first tile's up front.
 void WalkTiles(const TaskContext& c, int64_t kv_block) {
   const AttentionProblem& pr = *c.pr;
   const KernelTask& task = *c.task;
@@ -291,40 +325,52 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
     return std::min({static_cast<int64_t>(task.kv_end), (t0 / kv_block + 1) * kv_block,
                      t0 + step});
   };
-  auto pointers = [&](int64_t t0, int64_t n, int slot) {
-    TileRowPointers(pr, pr.k, task.seq, task.kv_head, t0, n, ws.k_base + slot * ws.token_pad);
-    TileRowPointers(pr, pr.v, task.seq, task.kv_head, t0, n, ws.v_base + slot * ws.token_pad);
-  };
   const bool fusable = c.kernels->fused[0] != nullptr;
-  int cur = 0;
+  NextTileRows ahead;
+  ahead.rows = ws.next_rows;
+  ahead.address_order = c.heads > 1 && TokenRowsTogether(pr);
+  auto slot_base = [&](const uint8_t** base, int64_t tile_index) {
+    return base + (tile_index % kTileRowSlots) * ws.token_pad;
+  };
+  // The first tile [t0, t1): its rows now, all prefetched up front.
   int64_t t0 = task.kv_begin;
   int64_t t1 = t0 < task.kv_end ? tile_end(t0) : t0;
   if (t0 < t1) {
-    pointers(t0, t1 - t0, cur);
+    TileRowPointers(pr, pr.k, task.seq, task.kv_head, t0, t1 - t0, slot_base(ws.k_base, 0));
+    TileRowPointers(pr, pr.v, task.seq, task.kv_head, t0, t1 - t0, slot_base(ws.v_base, 0));
     for (int64_t i = 0; i < t1 - t0; ++i) {
       for (int64_t h = 0; h < c.heads; ++h) {
-        PrefetchRow(ws.k_base[i] + h * k_head_bytes, tile.row_bytes);
-        PrefetchRow(ws.v_base[i] + h * v_head_bytes, tile.row_bytes);
+        PrefetchRow(ws.k_base[i] + h * k_head_bytes, tile.row_bytes, ahead.PrefetchLevel());
+        PrefetchRow(ws.v_base[i] + h * v_head_bytes, tile.row_bytes, ahead.PrefetchLevel());
       }
     }
   }
-  while (t0 < t1) {
+  for (int64_t index = 0; t0 < t1; ++index) {
+    // The next tile [t1, t2): its row pointers, and what the passes prefetch of it.
     const int64_t t2 = t1 < task.kv_end ? tile_end(t1) : t1;
     tile.n = t1 - t0;
-    if (t2 > t1) pointers(t1, t2 - t1, 1 - cur);
+    ahead.n = t2 - t1;
+    const uint8_t** ahead_k = slot_base(ws.k_base, index + 1);
+    const uint8_t** ahead_v = slot_base(ws.v_base, index + 1);
+    if (ahead.n > 0) {
+      TileRowPointers(pr, pr.k, task.seq, task.kv_head, t1, ahead.n, ahead_k);
+      TileRowPointers(pr, pr.v, task.seq, task.kv_head, t1, ahead.n, ahead_v);
+      if (ahead.address_order) {
+        ListRowsInAddressOrder(ahead_k, ahead_v, ahead.n, c.heads, k_head_bytes, v_head_bytes, ahead.rows);
+      }
+    }
     // A tile the custom mask drops for every row is skipped: its keys take
     // no part at all.
     const TileKeep keep = c.KeptIn(t0, t1);
     const bool fused = fusable && tile.n <= kFusedMaxKeys && c.AllVisible(t0, t1) &&
                        keep == TileKeep::kAll;
     for (int64_t h = 0; keep != TileKeep::kNone && h < c.heads; ++h) {
-      tile.k = {ws.k_base + cur * ws.token_pad, h * k_head_bytes, tile.n};
-      tile.v = {ws.v_base + cur * ws.token_pad, h * v_head_bytes, tile.n};
-      tile.k_next = {ws.k_base + (1 - cur) * ws.token_pad, h * k_head_bytes, t2 - t1};
-      tile.v_next = {ws.v_base + (1 - cur) * ws.token_pad, h * v_head_bytes, t2 - t1};
+      tile.k = {slot_base(ws.k_base, index), h * k_head_bytes, tile.n};
+      tile.v = {slot_base(ws.v_base, index), h * v_head_bytes, tile.n};
+      tile.k_next = ahead.ForPass(ahead_k, h * k_head_bytes, h, 0);
+      tile.v_next = ahead.ForPass(ahead_v, h * v_head_bytes, h, 1);
       RunHeadTile(c, tile, h, t0, fused, keep);
     }
-    cur = 1 - cur;
     t0 = t1;
     t1 = t2;
   }
