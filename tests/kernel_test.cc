@@ -1035,8 +1035,8 @@ TEST(KernelDispatchTest, DescribeKernelsNamesEveryClass) {
   EXPECT_NE(all.find("cpu features: " + DetectedCpuFeatures().ToString()), std::string::npos)
       << all;
   EXPECT_NE(all.find("amx: " + AmxDetection()), std::string::npos) << all;
-  for (const std::string& c : {"decode (<= " + std::to_string(kMultiHeadRows) + " rows): ",
-                              "middle (" + std::to_string(kMultiHeadRows + 1) + "-" +
+  for (const std::string& c : {"decode (<= " + std::to_string(kDecodeMaxRows) + " rows): ",
+                              "middle (" + std::to_string(kDecodeMaxRows + 1) + "-" +
                                   std::to_string(kPackedMinRows - 1) + " rows): ",
                               "prefill (>= " + std::to_string(kPackedMinRows) + " rows): "}) {
     EXPECT_NE(all.find(c), std::string::npos) << all;

@@ -82,8 +82,8 @@ struct ChoicePair {
 // The rows per kv head and tile (ClassOfRows) a class of task takes.
 std::string ClassRows(TaskClass task_class) {
   switch (task_class) {
-    case TaskClass::kDecode: return "<= " + std::to_string(kMultiHeadRows);
-    case TaskClass::kMiddle: return std::to_string(kMultiHeadRows + 1) + "-" + std::to_string(kPackedMinRows - 1);
+    case TaskClass::kDecode: return "<= " + std::to_string(kDecodeMaxRows);
+    case TaskClass::kMiddle: return std::to_string(kDecodeMaxRows + 1) + "-" + std::to_string(kPackedMinRows - 1);
     case TaskClass::kPrefill: return ">= " + std::to_string(kPackedMinRows);
   }
   return "";

@@ -9,9 +9,9 @@ namespace rpa::internal {
 namespace {
 
 int64_t ScratchRows(int64_t q_tile, int64_t group, int64_t num_kv_heads) {
-  // A sequence's last query tile may be short enough to be decode-like.
+  // A sequence's last query tile may be short enough to take every kv head.
   const int64_t rows = q_tile * group;
-  return RoundUp(std::max(rows, num_kv_heads * std::min(rows, kMultiHeadRows)), kRowAlign);
+  return RoundUp(std::max(rows, num_kv_heads * std::min(rows, kMultiHeadMaxRows)), kRowAlign);
 }
 
 }  // namespace

@@ -39,12 +39,19 @@ inline int64_t PartialFloats(int64_t rows, int64_t dim_pad) { return rows * (2 +
 // Tasks by rows per kv head (query tokens of the tile x q heads per kv head);
 // each class has its own row in the dispatch table (dispatch.h).
 enum class TaskClass : uint8_t {
-  kDecode,   // <= kMultiHeadRows: one task over every kv head; fused tiles.
+  kDecode,   // <= kDecodeMaxRows: fused tiles.
   kMiddle,   // Between: unfused, K/V converted in registers.
   kPrefill,  // >= kPackedMinRows: each K/V tile converted once and reused.
 };
 inline constexpr int kNumTaskClasses = 3;
-inline constexpr int64_t kMultiHeadRows = 8;
+inline constexpr int64_t kDecodeMaxRows = 8;
+// Query tiles with at most this many rows per kv head (decode, and the
+// middle class's speculative verification of up to 4 tokens x 4 q heads)
+// are one task over every kv head: K/V are read whole token rows at a time,
+// and the next tile is prefetched in address order (task_loop-inl.h,
+// NextTileRows). Verify (16 rows) ran 10-20% faster so on Zen 5 than as a
+// task per kv head (docs/kernel_log.md).
+inline constexpr int64_t kMultiHeadMaxRows = 16;
 inline constexpr int64_t kPackedMinRows = 32;
 
 // Keys per tile when a task spans several kv heads (32 tokens x 4 KiB for 8
@@ -55,7 +62,7 @@ inline constexpr int64_t kPackedMinRows = 32;
 inline constexpr int64_t kMultiHeadTile = 32;
 
 inline TaskClass ClassOfRows(int64_t rows_per_kv_head) {
-  return rows_per_kv_head <= kMultiHeadRows   ? TaskClass::kDecode
+  return rows_per_kv_head <= kDecodeMaxRows   ? TaskClass::kDecode
          : rows_per_kv_head < kPackedMinRows ? TaskClass::kMiddle
                                               : TaskClass::kPrefill;
 }

@@ -106,9 +106,9 @@ void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan) {
                                  kv_len);
         lo = std::clamp<int64_t>(problem.VisibleKeys(kv_len - q_len + qb, kv_len).begin, 0, hi);
       }
-      // Decode-like tiles (few rows per kv head) take every kv head in one
-      // task: K/V are then read whole token rows at a time (kernel.h).
-      const int32_t heads_per_task = (qe - qb) * group <= kMultiHeadRows
+      // Tiles of few rows per kv head take every kv head in one task: K/V
+      // are then read whole token rows at a time (kMultiHeadMaxRows).
+      const int32_t heads_per_task = (qe - qb) * group <= kMultiHeadMaxRows
                                          ? static_cast<int32_t>(problem.num_kv_heads)
                                          : 1;
       for (int32_t h = 0; h < problem.num_kv_heads; h += heads_per_task) {
