@@ -1311,7 +1311,7 @@ class MlaPlanBinding {
 };
 
 // rpa.explain_block_sizes: (num_kv_pages_per_block, num_queries_per_block,
-// source, explanation). Keywords: rpa::BlockSizeConfig's extents,
+// source, explanation, section). Keywords: rpa::BlockSizeConfig's extents,
 // vmem_limit_bytes.
 py::tuple ChooseBlockSizes(const std::string& q_dtype, const std::string& kv_dtype,
                            const py::kwargs& kwargs) {
@@ -1338,7 +1338,7 @@ py::tuple ChooseBlockSizes(const std::string& q_dtype, const std::string& kv_dty
   kw.Done("choose_block_sizes");
   const rpa::BlockSizeChoice choice = rpa::ChooseBlockSizes(config, vmem_limit_bytes);
   return py::make_tuple(choice.sizes.num_kv_pages_per_block, choice.sizes.num_queries_per_block,
-                        rpa::ToString(choice.source), choice.explanation);
+                        rpa::ToString(choice.source), choice.explanation, choice.section);
 }
 
 // For tests and debugging: how an argument reaches the library.
@@ -1420,7 +1420,7 @@ PYBIND11_MODULE(_rpa, m) {
         "Writes float32 codes * scale into `out`; see rpa.dequantize.");
 
   m.def("choose_block_sizes", &ChooseBlockSizes, py::arg("q_dtype"), py::arg("kv_dtype"),
-        "(num_kv_pages_per_block, num_queries_per_block, source, explanation) the library "
+        "(num_kv_pages_per_block, num_queries_per_block, source, explanation, section) the library "
         "chooses; see rpa.get_tuned_block_sizes.");
   m.def("load_tuned_block_sizes", &rpa::LoadTunedBlockSizes, py::arg("path"),
         "Loads a tuned block-size table (rpa tune's JSON); see rpa.load_tuned_block_sizes.");
@@ -1428,6 +1428,8 @@ PYBIND11_MODULE(_rpa, m) {
         "Pins rpa's workers process-wide (rpa::SetCpuBinding); see rpa.set_cpu_binding.");
   m.def("default_num_threads", &rpa::DefaultNumThreads,
         "The thread count a call without num_threads uses (rpa::DefaultNumThreads).");
+  m.def("describe_threads", &rpa::DescribeThreads,
+        "Why default_num_threads is what it is and where workers run (rpa::DescribeThreads).");
 
   py::class_<Plan>(m, "AttentionPlan",
                    "rpa::AttentionPlan: plan once per step, run per layer; see "

@@ -79,6 +79,7 @@ from ._api import (
     ragged_paged_attention_with_kv_write,
     ref_ragged_paged_attention,
     default_num_threads,
+    describe_threads,
     set_cpu_binding,
     static_validate_inputs,
 )
@@ -153,6 +154,7 @@ __all__ = [
     "load_tuned_block_sizes",
     "set_cpu_binding",
     "default_num_threads",
+    "describe_threads",
     "merge_states",
     "paged_attention",
     "quantize",

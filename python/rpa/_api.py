@@ -727,10 +727,10 @@ def get_tuned_block_sizes(
   Returns:
     (num_kv_pages_per_block, num_queries_per_block).
   """
-  pages, queries, _, _ = _rpa.choose_block_sizes(
+  pages, queries = _rpa.choose_block_sizes(
       _dtype_name(q_dtype), _dtype_name(kv_dtype), num_q_heads=num_q_heads_per_blk,
       num_kv_heads=num_kv_heads_per_blk, head_dim=head_dim, page_size=page_size,
-      max_num_batched_tokens=max_num_batched_tokens, pages_per_seq=pages_per_seq)
+      max_num_batched_tokens=max_num_batched_tokens, pages_per_seq=pages_per_seq)[:2]
   return pages, queries
 
 
@@ -747,15 +747,16 @@ def explain_block_sizes(q_dtype, kv_dtype, num_q_heads: int, num_kv_heads: int, 
 
   Returns:
     {"num_kv_pages_per_block", "num_queries_per_block", "source" ("table",
-    "nearest" or "heuristic"), "explanation"}.
+    "nearest" or "heuristic"), "explanation", "section" (the tuned table's
+    section that answered, and why that one; None for the heuristic)}.
   """
-  pages, queries, source, why = _rpa.choose_block_sizes(
+  pages, queries, source, why, section = _rpa.choose_block_sizes(
       _dtype_name(q_dtype), _dtype_name(kv_dtype), num_q_heads=num_q_heads,
       num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
       max_num_batched_tokens=max_num_batched_tokens, pages_per_seq=pages_per_seq,
       vmem_limit_bytes=vmem_limit_bytes)
   return {"num_kv_pages_per_block": pages, "num_queries_per_block": queries, "source": source,
-          "explanation": why}
+          "explanation": why, "section": section or None}
 
 
 def load_tuned_block_sizes(path: str) -> bool:
@@ -804,3 +805,17 @@ def default_num_threads() -> int:
     cgroup CPU quota and the CPUs bound (set_cpu_binding / RPA_CPU_BIND).
   """
   return _rpa.default_num_threads()
+
+
+def describe_threads() -> str:
+  """Why default_num_threads() is what it is and where the workers run, for
+  logs.
+
+  Args:
+    None.
+
+  Returns:
+    e.g. "2 CPUs (affinity mask 2, cgroup quota none), workers pinned to
+    CPUs 0-1" (or "..., workers unpinned").
+  """
+  return _rpa.describe_threads()

@@ -44,6 +44,8 @@ def test_user_table_is_used_and_explained(tmp_path):
     assert rpa.get_tuned_block_sizes(np.float32, np.float32, 4, 2, 64, 16, 64, 64) == (3, 24)
     why = rpa.explain_block_sizes(np.float32, np.float32, 4, 2, 64, 16, 64, 64)
     assert why["source"] == "table" and "table.json" in why["explanation"]
+    assert why["section"].startswith('section "test"') and why["section"] in why["explanation"]
+    assert "table.json" in why["section"]
   finally:
     rpa.load_tuned_block_sizes("")
 
@@ -53,3 +55,10 @@ def test_unparsable_table_is_ignored(tmp_path, capfd):
   path.write_text("{not json")
   assert not rpa.load_tuned_block_sizes(str(path))
   assert "broken.json" in capfd.readouterr().err
+
+
+def test_heuristic_names_no_section():
+  # A head configuration no shipped section holds: the cache heuristic answers.
+  why = rpa.explain_block_sizes(np.float32, np.float32, 12, 3, 80, 16, 512, 256)
+  assert why["source"] == "heuristic", why
+  assert why["section"] is None

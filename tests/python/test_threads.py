@@ -100,7 +100,7 @@ from rpa_testing import make_batch
 allowed = json.loads(sys.argv[1])
 b = make_batch(np.random.default_rng(7), [(1, 40), (5, 12), (9, 9)], num_q_heads=8,
                num_kv_heads=2, head_dim=32)
-result = {"default_before": rpa.default_num_threads()}
+result = {"default_before": rpa.default_num_threads(), "unpinned": rpa.describe_threads()}
 try:
   rpa.set_cpu_binding([allowed[0], allowed[-1] + 1])
 except rpa.Error as e:
@@ -112,6 +112,7 @@ except rpa.Error as e:
 result["default_after_errors"] = rpa.default_num_threads()
 rpa.set_cpu_binding(allowed[:1])
 result["default_bound_to_one"] = rpa.default_num_threads()
+result["pinned"] = rpa.describe_threads()
 out = np.empty_like(b.q)
 rpa.ragged_paged_attention(*b.args, sm_scale=0.25, out=out)
 result["out"] = out.tobytes().hex()
@@ -135,4 +136,6 @@ def test_set_cpu_binding():
   # Rejected bindings change nothing; a binding of one CPU caps the default at one.
   assert r["default_after_errors"] == len(allowed)
   assert r["default_bound_to_one"] == 1
+  assert r["unpinned"].endswith("workers unpinned"), r["unpinned"]
+  assert r["pinned"].endswith(f"workers pinned to CPUs {allowed[0]}"), r["pinned"]
   assert r["out"] == r["one_thread"]
