@@ -286,6 +286,8 @@ struct NextTileRows {
   }
 };
 
+// Whether a token's K and V rows of every kv head lie together: heads
+// inside a page slot (the combined cache, NHD), not slots inside a head (HND).
 inline bool TokenRowsTogether(const AttentionProblem& pr) {
   return pr.k.head_stride < pr.k.slot_stride && pr.v.head_stride < pr.v.slot_stride;
 }
@@ -307,8 +309,8 @@ inline void ListRowsInAddressOrder(const uint8_t* const* k_base, const uint8_t* 
 // pages and garbage page indices past them are never followed. One kv
 // head's rows sit a whole token apart (4 KiB for 8 kv heads x 128 bf16 x
 // K,V), which the hardware prefetchers do not follow: the next tile's rows
-// are prefetched into L2 while this one is computed (NextTileRows), and the
-// first tile's up front.
+// are prefetched while this one is computed (NextTileRows: which rows, into
+// which cache), and the first tile's up front.
 void WalkTiles(const TaskContext& c, int64_t kv_block) {
   const AttentionProblem& pr = *c.pr;
   const KernelTask& task = *c.task;
@@ -332,16 +334,22 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
   auto slot_base = [&](const uint8_t** base, int64_t tile_index) {
     return base + (tile_index % kTileRowSlots) * ws.token_pad;
   };
+  // Tile tile_index's rows of kv head task.kv_head, keys [t_begin, t_begin + n).
+  auto row_pointers = [&](int64_t t_begin, int64_t n, int64_t tile_index) {
+    TileRowPointers(pr, pr.k, task.seq, task.kv_head, t_begin, n, slot_base(ws.k_base, tile_index));
+    TileRowPointers(pr, pr.v, task.seq, task.kv_head, t_begin, n, slot_base(ws.v_base, tile_index));
+  };
   // The first tile [t0, t1): its rows now, all prefetched up front.
   int64_t t0 = task.kv_begin;
   int64_t t1 = t0 < task.kv_end ? tile_end(t0) : t0;
   if (t0 < t1) {
-    TileRowPointers(pr, pr.k, task.seq, task.kv_head, t0, t1 - t0, slot_base(ws.k_base, 0));
-    TileRowPointers(pr, pr.v, task.seq, task.kv_head, t0, t1 - t0, slot_base(ws.v_base, 0));
+    row_pointers(t0, t1 - t0, 0);
+    const uint8_t* const* k_rows = slot_base(ws.k_base, 0);
+    const uint8_t* const* v_rows = slot_base(ws.v_base, 0);
     for (int64_t i = 0; i < t1 - t0; ++i) {
       for (int64_t h = 0; h < c.heads; ++h) {
-        PrefetchRow(ws.k_base[i] + h * k_head_bytes, tile.row_bytes, ahead.PrefetchLevel());
-        PrefetchRow(ws.v_base[i] + h * v_head_bytes, tile.row_bytes, ahead.PrefetchLevel());
+        PrefetchRow(k_rows[i] + h * k_head_bytes, tile.row_bytes, ahead.PrefetchLevel());
+        PrefetchRow(v_rows[i] + h * v_head_bytes, tile.row_bytes, ahead.PrefetchLevel());
       }
     }
   }
@@ -353,8 +361,7 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
     const uint8_t** ahead_k = slot_base(ws.k_base, index + 1);
     const uint8_t** ahead_v = slot_base(ws.v_base, index + 1);
     if (ahead.n > 0) {
-      TileRowPointers(pr, pr.k, task.seq, task.kv_head, t1, ahead.n, ahead_k);
-      TileRowPointers(pr, pr.v, task.seq, task.kv_head, t1, ahead.n, ahead_v);
+      row_pointers(t1, ahead.n, index + 1);
       if (ahead.address_order) {
         ListRowsInAddressOrder(ahead_k, ahead_v, ahead.n, c.heads, k_head_bytes, v_head_bytes, ahead.rows);
       }

@@ -115,7 +115,11 @@ inline void PrefetchRow(const void* p, int64_t bytes, PrefetchTo to = PrefetchTo
       __asm__ volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(line)));
     }
 #else
-    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, to == PrefetchTo::kL1 ? 3 : 2);
+    if (to == PrefetchTo::kL1) {
+      __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
+    } else {
+      __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
+    }
 #endif
   }
 }

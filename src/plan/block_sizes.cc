@@ -510,7 +510,7 @@ bool PutSection(TunedTable& table, TunedSection section) {
 }
 
 std::optional<BlockSizeChoice> ChooseFromTables(const std::vector<TunedTable>& tables,
-                                            const BlockSizeConfig& config, const CpuInfo& cpu) {
+                                                const BlockSizeConfig& config, const CpuInfo& cpu) {
   std::string passed_over;
   for (const RankedSection& ranked : RankSections(tables, cpu)) {
     const std::string section = DescribeSection(ranked, cpu);

@@ -73,7 +73,7 @@ bool PutSection(TunedTable& table, TunedSection section);
 // else its nearest entry; the choice names that section (and why that one).
 // nullopt when no section has such an entry.
 std::optional<BlockSizeChoice> ChooseFromTables(const std::vector<TunedTable>& tables,
-                                            const BlockSizeConfig& config, const CpuInfo& cpu);
+                                                const BlockSizeConfig& config, const CpuInfo& cpu);
 // The same over the tables in use (user, shipped) for this CPU.
 std::optional<BlockSizeChoice> ChooseFromLoadedTables(const BlockSizeConfig& config);
 
