@@ -4,6 +4,7 @@
 // functions, the dispatch, the plan, the thread pool and run-to-run identity.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include "kernel/cpu_features.h"
 #include "kernel/kernel.h"
 #include "kernel/kernel_records.h"
+#include "kernel/next_tile_rows.h"
 #include "plan/plan.h"
 #include "reference/reference_impl.h"
 #include "rpa/dtype.h"
@@ -1376,6 +1378,59 @@ TEST(ThreadPoolTest, ResolveNumThreads) {
   setenv("RPA_NUM_THREADS", "junk", 1);
   EXPECT_GE(ResolveNumThreads(0), 1);
   unsetenv("RPA_NUM_THREADS");
+}
+
+// The passes of a task over every kv head, taken in the order the walk runs
+// them (head 0's K, its V, head 1's K, ...), prefetch each row of the next
+// tile once, in ascending address order within each page: a sequential
+// stream (NextTileRows), here for a combined cache of 4 kv heads whose
+// 5-token tile spans two pages in reverse order.
+TEST(NextTileRowsTest, PassesDealEveryRowOnceInAddressOrder) {
+  constexpr int64_t kHeads = 4, kRowBytes = 64, kTokens = 5, kPageSize = 4;
+  constexpr int64_t kTokenBytes = 2 * kHeads * kRowBytes;  // K, V of each head.
+  std::vector<uint8_t> cache(2 * kPageSize * kTokenBytes);
+  // Tokens 0-3 in page 1, token 4 in page 0.
+  const uint8_t* k_base[kTokens];
+  const uint8_t* v_base[kTokens];
+  for (int64_t i = 0; i < kTokens; ++i) {
+    const int64_t page = i < kPageSize ? 1 : 0;
+    k_base[i] = cache.data() + (page * kPageSize + i % kPageSize) * kTokenBytes;
+    v_base[i] = k_base[i] + kRowBytes;
+  }
+  PagesView k{cache.data(), kPageSize * 2 * kHeads * kRowBytes, 2 * kHeads * kRowBytes, 2 * kRowBytes};
+  PagesView v = k;
+  ASSERT_TRUE(TokenRowsTogether(k, v));
+  std::vector<const uint8_t*> list(2 * kHeads * kTokens);
+  ListRowsInAddressOrder(k_base, v_base, kTokens, kHeads, 2 * kRowBytes, 2 * kRowBytes, list.data());
+  NextTileRows next{list.data(), kTokens, /*address_order=*/true};
+  std::vector<const uint8_t*> dealt;
+  for (int64_t h = 0; h < kHeads; ++h) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const KvRows rows = next.ForPass(k_base, h * 2 * kRowBytes, h, kv);
+      EXPECT_EQ(rows.prefetch_to, PrefetchTo::kL1);
+      for (int64_t i = 0; i < rows.count; ++i) dealt.push_back(static_cast<const uint8_t*>(rows[i]));
+    }
+  }
+  // Every row of the tile once...
+  std::vector<const uint8_t*> expected;
+  for (int64_t i = 0; i < kTokens; ++i) {
+    for (int64_t r = 0; r < 2 * kHeads; ++r) expected.push_back(k_base[i] + r * kRowBytes);
+  }
+  std::vector<const uint8_t*> sorted_dealt = dealt, sorted_expected = expected;
+  std::sort(sorted_dealt.begin(), sorted_dealt.end());
+  std::sort(sorted_expected.begin(), sorted_expected.end());
+  EXPECT_EQ(sorted_dealt, sorted_expected);
+  // ...token by token, each token's rows in address order.
+  EXPECT_EQ(dealt, expected);
+
+  // Heads outermost in a page (HND): each pass keeps its own head's rows, into L2.
+  PagesView hnd{cache.data(), kPageSize * kHeads * kRowBytes, kRowBytes, kPageSize * kRowBytes};
+  EXPECT_FALSE(TokenRowsTogether(hnd, hnd));
+  const NextTileRows own{list.data(), kTokens, /*address_order=*/false};
+  const KvRows rows = own.ForPass(k_base, 3 * 2 * kRowBytes, 3, 0);
+  EXPECT_EQ(rows.prefetch_to, PrefetchTo::kL2);
+  ASSERT_EQ(rows.count, kTokens);
+  for (int64_t i = 0; i < kTokens; ++i) EXPECT_EQ(rows[i], k_base[i] + 3 * 2 * kRowBytes);
 }
 
 }  // namespace

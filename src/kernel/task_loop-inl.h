@@ -39,6 +39,7 @@
 #include "hwy/highway.h"
 #include "kernel/highway_load-inl.h"
 #include "kernel/kernel.h"
+#include "kernel/next_tile_rows.h"
 #include "kernel/softmax-inl.h"
 #include "kernel/softmax_finish.h"
 #include "problem.h"
@@ -261,49 +262,6 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
   products.pv(s, tile, c.State(r0), ws.tile);
 }
 
-// Where a task over several kv heads prefetches the next tile's rows: in
-// address order where a token's rows of every kv head lie together (the
-// combined cache, and NHD caches), one kv head's rows at a time otherwise
-// (HND, heads outermost in a page).
-//
-// A pass (one kv head's K, or its V) prefetches `count` rows of its list as
-// it reads its own. Dealing out the next tile's rows of every head in
-// address order (token by token: K then V of head 0, 1, ...) instead of each
-// pass prefetching its own head's rows, a token (4 KiB) apart, makes the
-// requests a sequential stream: 27-28 GB/s against 16-18 on one Zen 5 core
-// for the same rows and the same number of prefetches (docs/kernel_log.md).
-struct NextTileRows {
-  const uint8_t** rows = nullptr;  // [2 * heads * n]: token-major, then K, V of each head.
-  int64_t n = 0;                   // Keys of the next tile.
-  bool address_order = false;
-
-  PrefetchTo PrefetchLevel() const { return address_order ? PrefetchTo::kL1 : PrefetchTo::kL2; }
-
-  // The next tile's K (kv = 0) or V (kv = 1) pass of kv head h: its rows to prefetch.
-  KvRows ForPass(const uint8_t* const* own_base, int64_t own_offset, int64_t h, int kv) const {
-    if (!address_order) return {own_base, own_offset, n};
-    return {rows + (2 * h + kv) * n, 0, n, PrefetchLevel()};
-  }
-};
-
-// Whether a token's K and V rows of every kv head lie together: heads
-// inside a page slot (the combined cache, NHD), not slots inside a head (HND).
-inline bool TokenRowsTogether(const AttentionProblem& pr) {
-  return pr.k.head_stride < pr.k.slot_stride && pr.v.head_stride < pr.v.slot_stride;
-}
-
-// The next tile's rows of every kv head, token by token (NextTileRows).
-inline void ListRowsInAddressOrder(const uint8_t* const* k_base, const uint8_t* const* v_base,
-                                   int64_t n, int64_t heads, int64_t k_head_bytes,
-                                   int64_t v_head_bytes, const uint8_t** rows) {
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t h = 0; h < heads; ++h) {
-      *rows++ = k_base[i] + h * k_head_bytes;
-      *rows++ = v_base[i] + h * v_head_bytes;
-    }
-  }
-}
-
 // Walks the task's KV range tile by tile. Row pointers of the current and
 // the next tile (ping-pong). Only keys below kv_len are ever read, so NaN
 // pages and garbage page indices past them are never followed. One kv
@@ -330,7 +288,7 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
   const bool fusable = c.kernels->fused[0] != nullptr;
   NextTileRows ahead;
   ahead.rows = ws.next_rows;
-  ahead.address_order = c.heads > 1 && TokenRowsTogether(pr);
+  ahead.address_order = c.heads > 1 && TokenRowsTogether(pr.k, pr.v);
   auto slot_base = [&](const uint8_t** base, int64_t tile_index) {
     return base + (tile_index % kTileRowSlots) * ws.token_pad;
   };
