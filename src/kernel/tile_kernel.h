@@ -130,8 +130,9 @@ inline void PrefetchRows(const KvRows& rows, int64_t t, int64_t n, int64_t bytes
 }
 
 // A KV tile of n keys in the cache's dtype (the one the kernel running it
-// was specialised for: a tile carries no dtype), and the next tile's rows,
-// which the kernel prefetches into L2 while it computes this one.
+// was specialised for: a tile carries no dtype), and the rows of the next
+// tile the kernel prefetches while it computes this one (next_tile_rows.h
+// says which; KvRows::prefetch_to, into which cache).
 struct KvTile {
   int64_t head_dim = 0;
   int64_t row_bytes = 0;  // head_dim * SizeOf(K/V dtype): nothing past a row is read.
