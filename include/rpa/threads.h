@@ -32,8 +32,8 @@ RPA_EXPORT void SetCpuBinding(const std::vector<int>& cpus);
 RPA_EXPORT int DefaultNumThreads();
 
 // Why DefaultNumThreads() is what it is and where the workers run, for
-// logs: "2 CPUs (affinity 2, cgroup quota none), workers pinned to CPUs
-// 0-1" (or "..., workers unpinned").
+// logs: "2 CPUs (affinity mask 2, cgroup quota none), workers pinned to
+// CPUs 0-1" (or "..., workers unpinned").
 RPA_EXPORT std::string DescribeThreads();
 
 }  // namespace rpa
