@@ -1289,12 +1289,12 @@ int64_t PlannedScratchBytes(const AttentionProblem& p) {
 
 // The same for the tiles t of p, as the plan would shape its scratch.
 int64_t WorkerScratchBytes(const AttentionProblem& p, const TileSizes& t) {
-  return ScratchBytes(ShapeOfScratch({.q_tile = t.q_tile,
-                                     .kv_block = t.pages_per_block * p.page_size,
-                                     .group = p.QueriesPerKvHead(),
-                                     .num_kv_heads = p.num_kv_heads,
-                                     .head_dim = p.head_dim,
-                                     .kv_dtype = p.kv_dtype}));
+  return ScratchBytes({.q_tile = t.q_tile,
+                       .kv_block = t.pages_per_block * p.page_size,
+                       .group = p.QueriesPerKvHead(),
+                       .num_kv_heads = p.num_kv_heads,
+                       .head_dim = p.head_dim,
+                       .kv_dtype = p.kv_dtype});
 }
 
 // Decode tasks take every kv head (num_kv_heads x the rows of a query tile):

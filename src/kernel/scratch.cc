@@ -16,18 +16,8 @@ int64_t ScratchRows(int64_t q_tile, int64_t group, int64_t num_kv_heads) {
 
 }  // namespace
 
-ScratchShape ShapeOfScratch(const ScratchTiles& tiles) {
-  ScratchShape shape;
-  shape.rows = ScratchRows(tiles.q_tile, tiles.group, tiles.num_kv_heads);
-  shape.head_dim = tiles.head_dim;
-  shape.kv_block = tiles.kv_block;
-  shape.kv_dtype = tiles.kv_dtype;
-  shape.num_kv_heads = tiles.num_kv_heads;
-  return shape;
-}
-
 size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out) {
-  const int64_t rows = shape.rows;
+  const int64_t rows = ScratchRows(shape.q_tile, shape.group, shape.num_kv_heads);
   const int64_t dim_pad = RoundUp(shape.head_dim, kDimAlign);
   const int64_t token_pad = RoundUp(shape.kv_block, kTokenAlign);
   size_t offset = 0;

@@ -40,35 +40,26 @@ struct WorkerScratch {
   // a fixed offset.
   const uint8_t** k_base = nullptr;
   const uint8_t** v_base = nullptr;
-  // [2 * num_kv_heads * kMultiHeadTile] for a task over every kv head: the
-  // next tile's K and V rows in address order, dealt out to the passes'
-  // prefetches (WalkTiles).
+  // [2 * num_kv_heads * min(token_pad, kMultiHeadTile)] for a task over
+  // every kv head: the next tile's K and V rows in address order, dealt out
+  // to the passes' prefetches (WalkTiles, next_tile_rows.h).
   const uint8_t** next_rows = nullptr;
   TileScratch tile;
 };
 
+// What one worker's scratch is sized by: the plan's tiles and the problem's
+// heads, as the plan, the block-size fit and the tests give them. Its rows
+// (LayoutScratch): the most of any task, q_tile x group, or for tiles of at
+// most kMultiHeadMaxRows rows per kv head (a sequence's last tile may be
+// one), which take every kv head in one task, num_kv_heads x theirs.
 struct ScratchShape {
-  int64_t rows = 0;  // The most rows of any task (ShapeOfScratch).
-  int64_t head_dim = 0;
-  int64_t kv_block = 0;  // Keys per KV tile.
-  int64_t num_kv_heads = 1;  // The kv heads a decode task spans.
-  DType kv_dtype = DType::kF32;
-};
-
-// The scratch of a plan with query tiles of q_tile tokens and KV tiles of
-// kv_block keys, the one way the plan, the block-size fit and the tests
-// shape it. Its rows: the most of any task, q_tile x group, or for
-// decode-like tiles (a sequence's last tile may be one), which take every
-// kv head in one task, num_kv_heads x theirs.
-struct ScratchTiles {
-  int64_t q_tile = 1;
-  int64_t kv_block = 1;
-  int64_t group = 1;  // q heads per kv head.
+  int64_t q_tile = 1;        // Query tokens per tile.
+  int64_t kv_block = 1;      // Keys per KV tile.
+  int64_t group = 1;         // q heads per kv head.
   int64_t num_kv_heads = 1;
   int64_t head_dim = 1;
   DType kv_dtype = DType::kF32;
 };
-ScratchShape ShapeOfScratch(const ScratchTiles& tiles);
 
 // Lays one worker's scratch out at base (64-byte aligned sections) into
 // *out; base null: only measures. Returns its size in floats.

@@ -80,15 +80,15 @@ struct QueryRows {
   const float* unscale = nullptr;  // [rows] kHalf: the factor undoing the row's scale.
 };
 
-// One kv head's K or V rows of a tile: row i is base[i] + offset bytes, so
-// one pointer table (of the task's first kv head) serves every kv head.
 // Which cache a prefetch fills. L2 by default: a tile's rows of one kv
 // head, a token apart, are needed a whole tile later. L1 for a stream in
 // address order (a task over every kv head, WalkTiles): 5-10% faster decode
-// on Zen 5, where L2 slowed the middle class and mixed steps by about as
+// on Zen 5, where L1 slowed the middle class and mixed steps by about as
 // much when it was used for every prefetch (docs/kernel_log.md).
 enum class PrefetchTo : uint8_t { kL2, kL1 };
 
+// One kv head's K or V rows of a tile: row i is base[i] + offset bytes, so
+// one pointer table (of the task's first kv head) serves every kv head.
 struct KvRows {
   const uint8_t* const* base = nullptr;  // [count]
   int64_t offset = 0;

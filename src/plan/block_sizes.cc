@@ -580,12 +580,12 @@ BlockSizes FitBlockSizes(const BlockSizeConfig& config, BlockSizes sizes,
   const int64_t num_kv_heads = std::max<int64_t>(config.num_kv_heads, 1);
   // The bytes the run allocates per worker for these sizes (scratch.h).
   auto bytes = [&] {
-    return ScratchBytes(ShapeOfScratch({.q_tile = sizes.num_queries_per_block,
-                                       .kv_block = sizes.num_kv_pages_per_block * config.page_size,
-                                       .group = config.num_q_heads / num_kv_heads,
-                                       .num_kv_heads = num_kv_heads,
-                                       .head_dim = config.head_dim,
-                                       .kv_dtype = config.kv_dtype}));
+    return ScratchBytes({.q_tile = sizes.num_queries_per_block,
+                         .kv_block = sizes.num_kv_pages_per_block * config.page_size,
+                         .group = config.num_q_heads / num_kv_heads,
+                         .num_kv_heads = num_kv_heads,
+                         .head_dim = config.head_dim,
+                         .kv_dtype = config.kv_dtype});
   };
   const BlockSizes before = sizes;
   while (bytes() > *vmem) {

@@ -70,12 +70,12 @@ void BuildPlan(const AttentionProblem& problem, int num_threads, Plan& plan) {
   plan.q_tile = tiles.q_tile;
   plan.pages_per_block = tiles.pages_per_block;
   plan.kv_block = tiles.pages_per_block * problem.page_size;
-  plan.scratch = ShapeOfScratch({.q_tile = plan.q_tile,
-                                 .kv_block = plan.kv_block,
-                                 .group = group,
-                                 .num_kv_heads = problem.num_kv_heads,
-                                 .head_dim = problem.head_dim,
-                                 .kv_dtype = problem.kv_dtype});
+  plan.scratch = {.q_tile = plan.q_tile,
+                  .kv_block = plan.kv_block,
+                  .group = group,
+                  .num_kv_heads = problem.num_kv_heads,
+                  .head_dim = problem.head_dim,
+                  .kv_dtype = problem.kv_dtype};
   plan.kernels = ChooseKernels(problem, UsableCpuFeatures());
   std::fill(std::begin(plan.class_used), std::end(plan.class_used), false);
   plan.tasks.clear();
