@@ -10,6 +10,7 @@
 //   3. scale, causal mask, softmax in plain C++, P rounded to bf16;
 //   4. O = P V with V the first ckv columns of K (a strided view: no copy), a
 //      oneDNN matmul, f32 out, rounded to bf16 into the output.
+// f32 inputs where oneDNN has no bf16 matmul, as onednn_peer.h says.
 // Steps 1 and 3 on `threads` OpenMP threads, the matmuls on oneDNN's.
 // bf16 q and latents only. Without oneDNN (OnednnPeerInfo in
 // onednn_peer.h says why), the constructor throws std::runtime_error.

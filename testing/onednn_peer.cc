@@ -89,9 +89,9 @@ struct Aligned {
 #define RPA_PEER_CLONES
 #endif
 
-// One row of S (f32, in place) to one row of P (bf16): the first `visible`
-// keys get softmax(s * scale), the rest 0.
-RPA_PEER_CLONES void SoftmaxRow(float* s, uint16_t* p, int64_t visible, int64_t n, float scale) {
+// exp((s - max) * scale) in place over a row's first `visible` logits;
+// returns their sum.
+RPA_PEER_CLONES float ExpRow(float* s, int64_t visible, float scale) {
   float max_s = s[0];
   for (int64_t i = 1; i < visible; ++i) max_s = std::max(max_s, s[i]);
   float sum = 0;
@@ -100,14 +100,83 @@ RPA_PEER_CLONES void SoftmaxRow(float* s, uint16_t* p, int64_t visible, int64_t 
     s[i] = e;
     sum += e;
   }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < visible; ++i) p[i] = ToBf16(s[i] * inv);
+  return sum;
+}
+
+// A row of P: the first `visible` of e times inv, the rest of n 0.
+RPA_PEER_CLONES void ProbabilityRow(const float* e, uint16_t* p, int64_t visible, int64_t n,
+                                    float inv) {
+  for (int64_t i = 0; i < visible; ++i) p[i] = ToBf16(e[i] * inv);
+  for (int64_t i = visible; i < n; ++i) p[i] = 0;
+}
+RPA_PEER_CLONES void ProbabilityRow(const float* e, float* p, int64_t visible, int64_t n,
+                                    float inv) {
+  for (int64_t i = 0; i < visible; ++i) p[i] = e[i] * inv;
   for (int64_t i = visible; i < n; ++i) p[i] = 0;
 }
 
 // n f32 values to bf16 at dst.
 RPA_PEER_CLONES void RowToBf16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = ToBf16(src[i]);
+}
+
+// n bf16 values widened to f32 at dst (exact).
+RPA_PEER_CLONES void RowToF32(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &u, 4);
+  }
+}
+
+// The matmuls' input type (Q, K, V and P). bf16 where oneDNN has a bf16
+// matmul for this CPU; oneDNN 2.x has none below AVX-512 (avx512_core), and
+// there a user widens the bf16 rows to f32 as they gather them (and keeps P
+// in f32), as the peer then does.
+struct MatmulInputs {
+  dt type = dt::bf16;
+
+  explicit MatmulInputs(const dnnl::engine& engine);
+  size_t ElemBytes() const { return type == dt::bf16 ? 2 : 4; }
+  // "bf16", or "f32 (...why)" for MatmulImpl.
+  std::string Describe() const {
+    return type == dt::bf16 ? "bf16" : "f32 (oneDNN has no bf16 matmul for this CPU)";
+  }
+  // n bf16 values into element `index` of the input buffer at base.
+  void Store(const uint16_t* src, uint8_t* base, int64_t index, int64_t n) const {
+    uint8_t* dst = base + static_cast<size_t>(index) * ElemBytes();
+    if (type == dt::bf16) {
+      std::memcpy(dst, src, static_cast<size_t>(n) * 2);
+    } else {
+      RowToF32(src, reinterpret_cast<float*>(dst), n);
+    }
+  }
+  // Softmax of a row of S (f32, clobbered) into element `index` of P: its
+  // first `visible` logits times scale, the rest 0.
+  void Softmax(float* s, uint8_t* p_base, int64_t index, int64_t visible, int64_t n,
+               float scale) const {
+    const float inv = 1.0f / ExpRow(s, visible, scale);
+    uint8_t* p = p_base + static_cast<size_t>(index) * ElemBytes();
+    if (type == dt::bf16) {
+      ProbabilityRow(s, reinterpret_cast<uint16_t*>(p), visible, n, inv);
+    } else {
+      ProbabilityRow(s, reinterpret_cast<float*>(p), visible, n, inv);
+    }
+  }
+};
+
+MatmulInputs::MatmulInputs(const dnnl::engine& engine) {
+  // A small bf16 matmul: creating its primitive descriptor fails where
+  // oneDNN has no implementation for this CPU.
+  const dnnl::memory::desc a({16, 16}, dt::bf16, tag::ab), c({16, 16}, dt::f32, tag::ab);
+  try {
+#if DNNL_VERSION_MAJOR >= 3
+    const dnnl::matmul::primitive_desc pd(engine, a, a, c);
+#else
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), engine);
+#endif
+  } catch (const dnnl::error&) {
+    type = dt::f32;
+  }
 }
 
 struct Shape {
@@ -172,8 +241,9 @@ struct OnednnPeer::Impl {
   int64_t H, KH, G, D;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
+  MatmulInputs inputs{engine};
   size_t max_rows = 0, max_kv = 0;
-  std::unique_ptr<Aligned<uint16_t>> q, k, v, p;
+  std::unique_ptr<Aligned<uint8_t>> q, k, v, p;  // Of inputs.type.
   std::unique_ptr<Aligned<float>> s, o;
   std::vector<Shape> shapes;
   std::vector<int> seq_shape;  // Index into shapes per sequence.
@@ -213,10 +283,11 @@ struct OnednnPeer::Impl {
         largest = G * q_len * kv_len;
       }
     }
-    q = std::make_unique<Aligned<uint16_t>>(max_rows * D);
-    k = std::make_unique<Aligned<uint16_t>>(max_kv * D);
-    v = std::make_unique<Aligned<uint16_t>>(max_kv * D);
-    p = std::make_unique<Aligned<uint16_t>>(max_rows * max_kv);
+    const size_t width = inputs.ElemBytes();
+    q = std::make_unique<Aligned<uint8_t>>(max_rows * D * width);
+    k = std::make_unique<Aligned<uint8_t>>(max_kv * D * width);
+    v = std::make_unique<Aligned<uint8_t>>(max_kv * D * width);
+    p = std::make_unique<Aligned<uint8_t>>(max_rows * max_kv * width);
     s = std::make_unique<Aligned<float>>(max_rows * max_kv);
     o = std::make_unique<Aligned<float>>(max_rows * D);
     int64_t largest_seen = -1;
@@ -224,12 +295,12 @@ struct OnednnPeer::Impl {
       if (shape.q_len == 0 || shape.kv_len == 0) continue;
       const int64_t M = G * shape.q_len, N = shape.kv_len;
       // Q [M, D] x K^T [D, N] (K^T as a view of the dense K [N, D]) -> S [M, N].
-      const dnnl::memory::desc q_md({M, D}, dt::bf16, tag::ab);
-      const dnnl::memory::desc kt_md({D, N}, dt::bf16, tag::ba);
+      const dnnl::memory::desc q_md({M, D}, inputs.type, tag::ab);
+      const dnnl::memory::desc kt_md({D, N}, inputs.type, tag::ba);
       const dnnl::memory::desc s_md({M, N}, dt::f32, tag::ab);
       // P [M, N] x V [N, D] -> O [M, D].
-      const dnnl::memory::desc p_md({M, N}, dt::bf16, tag::ab);
-      const dnnl::memory::desc v_md({N, D}, dt::bf16, tag::ab);
+      const dnnl::memory::desc p_md({M, N}, inputs.type, tag::ab);
+      const dnnl::memory::desc v_md({N, D}, inputs.type, tag::ab);
       const dnnl::memory::desc o_md({M, D}, dt::f32, tag::ab);
       const std::string chosen = BuildMatmuls(
           engine, {q_md, kt_md, s_md, p_md, v_md, o_md, q->data, k->data, s->data, p->data,
@@ -237,7 +308,7 @@ struct OnednnPeer::Impl {
           &shape);
       if (M * N > largest_seen) {
         largest_seen = M * N;
-        impl = chosen;
+        impl = chosen + ", inputs " + inputs.Describe();
       }
     }
   }
@@ -253,7 +324,6 @@ struct OnednnPeer::Impl {
     const auto* cache = reinterpret_cast<const uint16_t*>(kv_pages);
     const auto* q_all = reinterpret_cast<const uint16_t*>(batch.q.data());
     auto* out = reinterpret_cast<uint16_t*>(out_bytes);
-    const size_t row_bytes = static_cast<size_t>(D) * 2;
     const int32_t num_seqs = batch.num_seqs[0];
     const int64_t first = batch.cu_q_lens[0], last = batch.cu_q_lens[num_seqs];
     // Rows no sequence owns are zeros, as rpa writes them.
@@ -269,21 +339,20 @@ struct OnednnPeer::Impl {
       const int32_t* pages = batch.page_indices.data() + seq * pages_per_seq;
       const int64_t M = G * q_len;
       for (int64_t kh = 0; kh < KH; ++kh) {
-        // 1. Gather K, V and the kv head's q rows into dense bf16.
-        uint16_t* k_dense = k->data;
-        uint16_t* v_dense = v->data;
+        // 1. Gather K, V and the kv head's q rows into dense matmul inputs.
+        const MatmulInputs& in = inputs;
+        uint8_t* k_dense = k->data;
+        uint8_t* v_dense = v->data;
 #pragma omp parallel for num_threads(nt) schedule(static) if (kv_len >= 256)
         for (int64_t t = 0; t < kv_len; ++t) {
           const int64_t slot = static_cast<int64_t>(pages[t / page_size]) * page_size + t % page_size;
           const uint16_t* src = cache + slot * row + 2 * kh * D;
-          std::memcpy(k_dense + t * D, src, row_bytes);
-          std::memcpy(v_dense + t * D, src + D, row_bytes);
+          in.Store(src, k_dense, t * D, D);
+          in.Store(src + D, v_dense, t * D, D);
         }
-        uint16_t* q_dense = q->data;
         for (int64_t g = 0; g < G; ++g) {
           for (int64_t t = 0; t < q_len; ++t) {
-            std::memcpy(q_dense + (g * q_len + t) * D, q_all + ((q0 + t) * H + kh * G + g) * D,
-                        row_bytes);
+            in.Store(q_all + ((q0 + t) * H + kh * G + g) * D, q->data, (g * q_len + t) * D, D);
           }
         }
         phases.gather_s += Since(clock);
@@ -293,14 +362,14 @@ struct OnednnPeer::Impl {
                                   {DNNL_ARG_DST, shape.s}});
         stream.wait();
         phases.qk_s += Since(clock);
-        // 3. Scale, causal mask, softmax; P in bf16.
+        // 3. Scale, causal mask, softmax; P of the inputs' type.
         float* s_rows = s->data;
-        uint16_t* p_rows = p->data;
+        uint8_t* p_rows = p->data;
         const float sc = scale;
 #pragma omp parallel for num_threads(nt) schedule(static) if (M * kv_len >= 16384)
         for (int64_t r = 0; r < M; ++r) {
           const int64_t visible = context + r % q_len + 1;
-          SoftmaxRow(s_rows + r * kv_len, p_rows + r * kv_len, visible, kv_len, sc);
+          in.Softmax(s_rows + r * kv_len, p_rows, r * kv_len, visible, kv_len, sc);
         }
         phases.softmax_s += Since(clock);
         // 4. O = P V.
@@ -341,7 +410,8 @@ struct OnednnMlaPeer::Impl {
   int64_t H, C, R, D;  // Heads, ckv, kpe, ckv + kpe.
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::unique_ptr<Aligned<uint16_t>> q, k, p;
+  MatmulInputs inputs{engine};
+  std::unique_ptr<Aligned<uint8_t>> q, k, p;  // Of inputs.type.
   std::unique_ptr<Aligned<float>> s, o;
   std::vector<Shape> shapes;
   std::vector<int> seq_shape;
@@ -375,26 +445,28 @@ struct OnednnMlaPeer::Impl {
       max_rows = std::max<size_t>(max_rows, static_cast<size_t>(H * q_len));
       max_kv = std::max<size_t>(max_kv, static_cast<size_t>(kv_len));
     }
-    q = std::make_unique<Aligned<uint16_t>>(max_rows * D);
-    k = std::make_unique<Aligned<uint16_t>>(max_kv * D);
-    p = std::make_unique<Aligned<uint16_t>>(max_rows * max_kv);
+    const size_t width = inputs.ElemBytes();
+    q = std::make_unique<Aligned<uint8_t>>(max_rows * D * width);
+    k = std::make_unique<Aligned<uint8_t>>(max_kv * D * width);
+    p = std::make_unique<Aligned<uint8_t>>(max_rows * max_kv * width);
     s = std::make_unique<Aligned<float>>(max_rows * max_kv);
     o = std::make_unique<Aligned<float>>(max_rows * C);
     for (Shape& shape : shapes) {
       if (shape.q_len == 0 || shape.kv_len == 0) continue;
       const int64_t M = H * shape.q_len, N = shape.kv_len;
-      const dnnl::memory::desc q_md({M, D}, dt::bf16, tag::ab);
-      const dnnl::memory::desc kt_md({D, N}, dt::bf16, tag::ba);  // K^T as a view of K.
+      const dnnl::memory::desc q_md({M, D}, inputs.type, tag::ab);
+      const dnnl::memory::desc kt_md({D, N}, inputs.type, tag::ba);  // K^T as a view of K.
       const dnnl::memory::desc s_md({M, N}, dt::f32, tag::ab);
-      const dnnl::memory::desc p_md({M, N}, dt::bf16, tag::ab);
+      const dnnl::memory::desc p_md({M, N}, inputs.type, tag::ab);
       // V: the first C columns of K's rows of D.
-      const dnnl::memory::desc v_md({N, C}, dt::bf16, dnnl::memory::dims{D, 1});
+      const dnnl::memory::desc v_md({N, C}, inputs.type, dnnl::memory::dims{D, 1});
       const dnnl::memory::desc o_md({M, C}, dt::f32, tag::ab);
       // V reads K's buffer: the latent's first C columns.
       impl = BuildMatmuls(engine,
                           {q_md, kt_md, s_md, p_md, v_md, o_md, q->data, k->data, s->data,
                            p->data, k->data, o->data},
-                          &shape);
+                          &shape) +
+             ", inputs " + inputs.Describe();
     }
   }
 
@@ -414,34 +486,33 @@ struct OnednnMlaPeer::Impl {
       if (q_len == 0) continue;
       const int64_t q0 = batch.qo_indptr[seq], M = H * q_len;
       const int32_t* pages = batch.kv_indices.data() + batch.kv_indptr[seq];
-      uint16_t* k_dense = k->data;
+      const MatmulInputs& in = inputs;
+      uint8_t* k_dense = k->data;
 #pragma omp parallel for num_threads(nt) schedule(static) if (kv_len >= 256)
       for (int64_t t = 0; t < kv_len; ++t) {
         const int64_t page = pages[t / ps], slot = t % ps;
-        std::memcpy(k_dense + t * D, ckv_data + page * ckv.strides[0] + slot * ckv.strides[1],
-                    static_cast<size_t>(C) * 2);
-        std::memcpy(k_dense + t * D + C, kpe_data + page * kpe.strides[0] + slot * kpe.strides[1],
-                    static_cast<size_t>(R) * 2);
+        in.Store(ckv_data + page * ckv.strides[0] + slot * ckv.strides[1], k_dense, t * D, C);
+        in.Store(kpe_data + page * kpe.strides[0] + slot * kpe.strides[1], k_dense, t * D + C, R);
       }
       // Row r = head * q_len + token (rows of one head adjacent).
       for (int64_t h = 0; h < H; ++h) {
         for (int64_t t = 0; t < q_len; ++t) {
-          uint16_t* row = q->data + (h * q_len + t) * D;
-          std::memcpy(row, q_nope + ((q0 + t) * H + h) * C, static_cast<size_t>(C) * 2);
-          std::memcpy(row + C, q_pe + ((q0 + t) * H + h) * R, static_cast<size_t>(R) * 2);
+          const int64_t row = (h * q_len + t) * D;
+          in.Store(q_nope + ((q0 + t) * H + h) * C, q->data, row, C);
+          in.Store(q_pe + ((q0 + t) * H + h) * R, q->data, row + C, R);
         }
       }
       shape.qk.execute(stream, {{DNNL_ARG_SRC, shape.q}, {DNNL_ARG_WEIGHTS, shape.k},
                                 {DNNL_ARG_DST, shape.s}});
       stream.wait();
       float* s_rows = s->data;
-      uint16_t* p_rows = p->data;
+      uint8_t* p_rows = p->data;
       const float sc = scale;
       const bool is_causal = causal;
 #pragma omp parallel for num_threads(nt) schedule(static) if (M * kv_len >= 16384)
       for (int64_t r = 0; r < M; ++r) {
         const int64_t visible = is_causal ? kv_len - q_len + r % q_len + 1 : kv_len;
-        SoftmaxRow(s_rows + r * kv_len, p_rows + r * kv_len, visible, kv_len, sc);
+        in.Softmax(s_rows + r * kv_len, p_rows, r * kv_len, visible, kv_len, sc);
       }
       shape.pv.execute(stream, {{DNNL_ARG_SRC, shape.p}, {DNNL_ARG_WEIGHTS, shape.v},
                                 {DNNL_ARG_DST, shape.o}});

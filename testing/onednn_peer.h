@@ -13,6 +13,9 @@
 //      loop per row), P rounded to bf16 (masked keys: 0);
 //   4. O = P V, a oneDNN matmul (bf16 in, f32 out), [G * q_len, head_dim];
 //   5. O rounded to bf16 into the output, rows outside the batch zeroed.
+// oneDNN 2.x has bf16 matmuls only on AVX-512 CPUs; elsewhere (AVX2) the
+// peer does what a user there does: it widens the gathered rows to f32,
+// keeps P in f32 and runs f32 matmuls (MatmulImpl says which).
 // Steps 1, 3 and 5 run on `threads` OpenMP threads, the matmuls on oneDNN's
 // (OpenMP) threads, as many. The primitives are created once per (q_len,
 // kv_len, threads) in the constructor and reused by every Run.
@@ -73,8 +76,8 @@ class OnednnPeer {
   const std::vector<OnednnPeerPhases>& Phases() const;
   void ClearPhases();
 
-  // oneDNN's implementation of the largest sequence's QK^T matmul, e.g.
-  // "brg:avx512_core_amx_bf16".
+  // oneDNN's implementations of the largest sequence's QK^T / PV matmuls
+  // and their input type, e.g. "brg:avx512_core_amx_bf16 / ..., inputs bf16".
   const std::string& MatmulImpl() const;
 
  private:

@@ -54,7 +54,9 @@ std::string AmxFailure(bool avx512bf16) {
   return "";
 }
 
-CpuFeatures Detect(std::string* amx_reason) {
+// The AVX-512 features (and the vendor rule for the bf16 dot product); none
+// where the CPU or the OS (XCR0) lacks the zmm state.
+CpuFeatures DetectAvx512() {
   CpuFeatures f;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (__get_cpuid_max(0, nullptr) < 7) return f;
@@ -73,6 +75,13 @@ CpuFeatures Detect(std::string* amx_reason) {
   unsigned vendor[3] = {0, 0, 0};
   __cpuid(0, eax, vendor[0], vendor[2], vendor[1]);  // EBX, EDX, ECX spell the vendor.
   f.fast_bf16_dot = f.avx512bf16 && std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+  return f;
+}
+
+// Every feature, and in *amx_reason why AMX is usable or not (a CPU without
+// AVX-512 gets a reason too: AmxFailure names what it lacks).
+CpuFeatures Detect(std::string* amx_reason) {
+  CpuFeatures f = DetectAvx512();
   const std::string amx = AmxFailure(f.avx512bf16);
   f.amx_bf16 = amx.empty();
   *amx_reason = f.amx_bf16 ? "AMX bf16 tiles usable" : amx;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "hwy/targets.h"
 #include "kernel/kernel_records.h"
 #include "rpa/kernels.h"
 
@@ -89,12 +90,19 @@ std::string ClassRows(TaskClass task_class) {
   return "";
 }
 
+// The Highway target the highway_* kernels run on here: the best one both
+// compiled in (RPA_HWY_TARGETS) and supported by this CPU, e.g. "AVX2".
+std::string HighwayTarget() {
+  const int64_t usable = HWY_TARGETS & hwy::SupportedTargets();
+  return usable == 0 ? "EMU128" : hwy::TargetName(usable & -usable);  // Lower bits are better.
+}
+
 }  // namespace
 
 std::string DescribeDispatch(DType kv_dtype) {
   const CpuFeatures cpu = UsableCpuFeatures();
   const ChoicePair choice(DType::kBF16, kv_dtype, cpu);
-  std::string s = "cpu features: " + cpu.ToString() + "; amx: " + AmxDetection() +
+  std::string s = "cpu features: " + cpu.ToString() + "; highway: " + HighwayTarget() + "; amx: " + AmxDetection() +
                   (cpu.amx_bf16 && !cpu.amx_emulated && !cpu.amx_opted_in
                        ? " (not dispatched: set RPA_AMX=1, not yet measured on AMX hardware)"
                        : "") +
