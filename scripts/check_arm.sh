@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Compiles the library's sources for aarch64 (Highway's NEON target, the
-# baseline there) with Debian's cross compiler and the flags CMake gives them in
+# Compiles the library's sources for aarch64 (Highway's Arm targets among
+# BUILD's RPA_HWY_TARGETS) with Debian's cross compiler and the flags CMake gives them in
 # BUILD (default build/, configured and built first by `make check-arm`):
 # proof that rpa builds for Arm, which this x86 machine cannot run. Object
 # files only; nothing is linked or run.

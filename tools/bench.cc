@@ -656,8 +656,8 @@ void PrintTable(const MachineLimits& limits, int threads, const std::vector<Resu
       if (!r.onednn_impl.empty()) impl = r.onednn_impl;
     }
     std::printf("\noneDNN peer (prefill, mixed, mla-decode): oneDNN %s, ISA %s, %s threads = rpa's, matmuls %s:\n"
-                "  gather K/V/q to dense bf16 + QK^T (bf16 matmul, f32 out) + scale/mask/softmax (C++)\n"
-                "  + PV (bf16 matmul) per sequence and kv head, verified against rpa's output first\n",
+                "  gather K/V/q to dense matmul inputs + QK^T (f32 out) + scale/mask/softmax (C++)\n"
+                "  + PV per sequence and kv head, verified against rpa's output first\n",
                 onednn.version.c_str(), onednn.isa.c_str(), onednn.threading.c_str(),
                 impl.empty() ? "-" : impl.c_str());
   }

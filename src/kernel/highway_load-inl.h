@@ -24,7 +24,10 @@ namespace rpa::internal {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using DF = hn::ScalableTag<float>;
+// f32 vectors of at most 16 lanes (512 bits, AVX-512's width): the scratch
+// is padded for that (kDimAlign, kPackedTokenAlign), so an SVE CPU with
+// longer vectors computes on their first 512 bits.
+using DF = hn::CappedTag<float, 16>;
 using VF = hn::Vec<DF>;
 
 // hwy's storage type for a K/V dtype computed in f32.
@@ -82,7 +85,7 @@ HWY_INLINE VF LoadF32(DF df, const T* p) {
 // The first `count` (< Lanes) elements, zeros after; reads nothing beyond.
 template <typename T>
 HWY_INLINE VF LoadF32Tail(DF df, const T* p, size_t count) {
-  T buf[64];  // >= the most f32 lanes of any target here.
+  T buf[hn::MaxLanes(DF())];
   std::memset(static_cast<void*>(buf), 0, sizeof(buf));
   std::memcpy(static_cast<void*>(buf), p, count * sizeof(T));
   return LoadF32(df, buf);

@@ -26,6 +26,7 @@
 
 #include "hwy/highway.h"
 #include "kernel/highway_load-inl.h"
+#include "kernel/highway_outer_product-inl.h"
 #include "kernel/scratch.h"
 #include "kernel/tile_kernel.h"
 
@@ -34,7 +35,20 @@ namespace rpa::internal {
 namespace HWY_NAMESPACE {
 inline constexpr int kPackedRows = HWY_MAX_BYTES >= 64 ? 8 : 4;  // 16 or 8 accumulators.
 // Keys of a packed K tile are padded to 2 vectors (kt_stride), at most kPackedTokenAlign.
-static_assert(2 * HWY_MAX_BYTES / sizeof(float) <= kPackedTokenAlign, "packed K tile padding");
+static_assert(2 * hn::MaxLanes(DF()) <= kPackedTokenAlign, "packed K tile padding");
+
+// Lanes [d0, d0 + dims) of key i as f32; zero for a padding key (i >= n).
+template <typename T>
+HWY_INLINE VF KeyPiece(const KvRows& k_rows, int64_t i, int64_t n, int64_t d0, int64_t dims) {
+  const DF df;
+  if (i >= n) return hn::Zero(df);
+  const T* k = static_cast<const T*>(k_rows[i]) + d0;
+  return dims == static_cast<int64_t>(hn::Lanes(df))
+             ? LoadF32(df, k)
+             : LoadF32Tail(df, k, static_cast<size_t>(dims));
+}
+
+#if !HWY_HAVE_SCALABLE
 
 // An L x L transpose (L = Lanes): v[j] lane c becomes v[c] lane j. Within
 // each 128-bit block a 4 x 4 transpose (rows interleaved by element, then by
@@ -51,7 +65,7 @@ HWY_INLINE void TransposeSquare(VF* v) {
     v[i + 1] = hn::InterleaveUpper(df, v[i], v[i + 1]);
     v[i] = lo;
   }
-  VF u[HWY_MAX_BYTES / sizeof(float)];
+  VF u[hn::MaxLanes(DF())];
   for (size_t g = 0; g < lanes; g += 4) {  // u[g + k], block L: rows g..g+3 of column 4L + k.
     const auto a = hn::BitCast(d64, v[g]), b = hn::BitCast(d64, v[g + 1]);
     const auto c = hn::BitCast(d64, v[g + 2]), e = hn::BitCast(d64, v[g + 3]);
@@ -93,25 +107,40 @@ template <typename T>
 HWY_NOINLINE void PackKeysTransposed(const KvRows& k_rows, int64_t n, int64_t head_dim,
                                      float* kt, int64_t kt_stride) {
   const DF df;
-  constexpr int64_t kL = HWY_MAX_BYTES / sizeof(float);
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const int64_t n_pad = RoundUp(n, 2 * lanes);
   for (int64_t i0 = 0; i0 < n_pad; i0 += lanes) {
-    const int64_t keys = std::clamp<int64_t>(n - i0, 0, lanes);
     for (int64_t d0 = 0; d0 < head_dim; d0 += lanes) {
       const int64_t dims = std::min(lanes, head_dim - d0);
-      VF v[kL];
-      for (int64_t j = 0; j < lanes; ++j) {
-        const T* k = j < keys ? static_cast<const T*>(k_rows[i0 + j]) + d0 : nullptr;
-        v[j] = k == nullptr    ? hn::Zero(df)
-               : dims == lanes ? LoadF32(df, k)
-                               : LoadF32Tail(df, k, static_cast<size_t>(dims));
-      }
+      VF v[hn::MaxLanes(DF())];
+      for (int64_t j = 0; j < lanes; ++j) v[j] = KeyPiece<T>(k_rows, i0 + j, n, d0, dims);
       TransposeSquare(v);
       for (int64_t c = 0; c < dims; ++c) hn::StoreU(v[c], df, kt + (d0 + c) * kt_stride + i0);
     }
   }
 }
+
+#else  // HWY_HAVE_SCALABLE
+
+// As above, but sizeless vectors cannot form TransposeSquare's register
+// block: each key's piece goes through memory down its column of kt.
+template <typename T>
+HWY_NOINLINE void PackKeysTransposed(const KvRows& k_rows, int64_t n, int64_t head_dim,
+                                     float* kt, int64_t kt_stride) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t n_pad = RoundUp(n, 2 * lanes);
+  HWY_ALIGN float piece[hn::MaxLanes(DF())];
+  for (int64_t i = 0; i < n_pad; ++i) {
+    for (int64_t d0 = 0; d0 < head_dim; d0 += lanes) {
+      const int64_t dims = std::min(lanes, head_dim - d0);
+      hn::Store(KeyPiece<T>(k_rows, i, n, d0, dims), df, piece);
+      for (int64_t c = 0; c < dims; ++c) kt[(d0 + c) * kt_stride + i] = piece[c];
+    }
+  }
+}
+
+#endif  // HWY_HAVE_SCALABLE
 
 // vp[i * dim_pad + d] = f32 of v_i[d], zero for d in [head_dim, dim_pad).
 template <typename T>
@@ -122,76 +151,16 @@ HWY_NOINLINE void PackValues(const KvRows& v_rows, int64_t n, int64_t head_dim,
   }
 }
 
-// S[r][j] = q_r . k_j for kRows rows and the 2 * Lanes keys [0, keys) of kt.
-template <int kRows>
-HWY_INLINE void PackedLogitsBlock(const float* q, int64_t q_stride, const float* kt,
-                                  int64_t kt_stride, int64_t head_dim, int64_t keys, float* s,
-                                  int64_t s_stride) {
-  const DF df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  VF a0[kRows], a1[kRows];
-  for (int r = 0; r < kRows; ++r) a0[r] = a1[r] = hn::Zero(df);
-  for (int64_t d = 0; d < head_dim; ++d) {
-    const VF k0 = hn::LoadU(df, kt + d * kt_stride);
-    const VF k1 = hn::LoadU(df, kt + d * kt_stride + lanes);
-    for (int r = 0; r < kRows; ++r) {
-      const VF qv = hn::Set(df, q[r * q_stride + d]);
-      a0[r] = hn::MulAdd(qv, k0, a0[r]);
-      a1[r] = hn::MulAdd(qv, k1, a1[r]);
-    }
-  }
-  HWY_ALIGN float tail[128];  // 2 x the most f32 lanes of any target here.
-  for (int r = 0; r < kRows; ++r) {
-    float* row = s + r * s_stride;
-    if (keys == 2 * lanes) {
-      hn::StoreU(a0[r], df, row);
-      hn::StoreU(a1[r], df, row + lanes);
-    } else {  // Rows are token_pad apart: a full store could reach the next.
-      hn::Store(a0[r], df, tail);
-      hn::Store(a1[r], df, tail + lanes);
-      std::copy(tail, tail + keys, row);
-    }
-  }
-}
-
-// acc_r += sum_i p[r][i] * v_i for kRows rows, v packed by PackValues.
-template <int kRows>
-HWY_INLINE void PackedPvBlock(const float* p, int64_t p_stride, const float* vp, int64_t n,
-                              int64_t dim_pad, float* acc, int64_t acc_stride) {
-  const DF df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  for (int64_t d = 0; d < dim_pad; d += 2 * lanes) {
-    VF a0[kRows], a1[kRows];
-    for (int r = 0; r < kRows; ++r) {
-      a0[r] = hn::LoadU(df, acc + r * acc_stride + d);
-      a1[r] = hn::LoadU(df, acc + r * acc_stride + d + lanes);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      const VF v0 = hn::LoadU(df, vp + i * dim_pad + d);
-      const VF v1 = hn::LoadU(df, vp + i * dim_pad + d + lanes);
-      for (int r = 0; r < kRows; ++r) {
-        const VF w = hn::Set(df, p[r * p_stride + i]);
-        a0[r] = hn::MulAdd(w, v0, a0[r]);
-        a1[r] = hn::MulAdd(w, v1, a1[r]);
-      }
-    }
-    for (int r = 0; r < kRows; ++r) {
-      hn::StoreU(a0[r], df, acc + r * acc_stride + d);
-      hn::StoreU(a1[r], df, acc + r * acc_stride + d + lanes);
-    }
-  }
-}
-
 // s[r][j] = q_r . k_j for every row and key, K packed transposed at kt.
 HWY_NOINLINE void PackedLogits(const QueryRows& q, const float* kt, int64_t kt_stride,
                                const KvTile& tile, const TileLogits& s) {
   const int64_t step = 2 * static_cast<int64_t>(hn::Lanes(DF()));
-  const float* q0 = static_cast<const float*>(q.data);
+  const OuterProduct g{static_cast<const float*>(q.data), q.stride, 1, kt, kt_stride,
+                       tile.head_dim, s.s, s.stride, /*accumulate=*/false};
   const int64_t n = tile.n;
   ForEachRowBlock<kPackedRows>(q.rows, [&]<int kRows>(int64_t r) HWY_ATTR {
     for (int64_t j = 0; j < n; j += step) {
-      PackedLogitsBlock<kRows>(q0 + r * q.stride, q.stride, kt + j, kt_stride, tile.head_dim,
-                               std::min(step, n - j), s.s + r * s.stride + j, s.stride);
+      OuterProductBlock<kRows, 2>(g, {r, j, std::min(step, n - j)});
     }
   });
 }
@@ -199,9 +168,11 @@ HWY_NOINLINE void PackedLogits(const QueryRows& q, const float* kt, int64_t kt_s
 // acc_r += sum_i p[r][i] * v_i for every row, V packed at vp [n, dim_pad].
 HWY_NOINLINE void PackedPv(const TileLogits& p, const float* vp, int64_t n, int64_t dim_pad,
                            const SoftmaxState& state) {
+  const int64_t step = 2 * static_cast<int64_t>(hn::Lanes(DF()));
+  const OuterProduct g{p.s, p.stride, 1, vp, dim_pad, n, state.acc, state.stride,
+                       /*accumulate=*/true};
   ForEachRowBlock<kPackedRows>(p.rows, [&]<int kRows>(int64_t r) HWY_ATTR {
-    PackedPvBlock<kRows>(p.s + r * p.stride, p.stride, vp, n, dim_pad,
-                         state.acc + r * state.stride, state.stride);
+    for (int64_t d = 0; d < dim_pad; d += step) OuterProductBlock<kRows, 2>(g, {r, d, step});
   });
 }
 

@@ -31,6 +31,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernel/highway_load-inl.h"
+#include "kernel/highway_outer_product-inl.h"
 #include "kernel/softmax_finish.h"
 #include "kernel/tile_kernel.h"
 #include "mla/mla_kernel.h"
@@ -42,63 +43,22 @@ namespace mla {
 
 // ---- The f32 kernel.
 
-// out[a][b] (+)= sum_k x_a[k] * y[k][b] over vectors b of rows: x_a[k] at
-// x + a * x_a_step + k * x_k_step, y[k] at y + k * y_k_step; out row a at
-// out + a * out_a_step.
-struct F32Gemm {
-  const float* x;
-  int64_t x_a_step, x_k_step;
-  const float* y;
-  int64_t y_k_step;
-  int64_t k_count;
-  float* out;
-  int64_t out_a_step;
-  bool accumulate;
-};
-
 // Accumulators per block: half the vector registers of the target.
 constexpr int kAccs = HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 ||
                               HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_EMU128
                           ? 8
                           : 16;
 
-template <int kA, int kB>
-HWY_INLINE void F32Block(const F32Gemm& g, int64_t a0, int64_t b0) {
-  const DF df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  VF acc[kA][kB];
-  for (int a = 0; a < kA; ++a) {
-    for (int b = 0; b < kB; ++b) {
-      acc[a][b] = g.accumulate ? hn::LoadU(df, g.out + (a0 + a) * g.out_a_step + (b0 + b) * lanes)
-                               : hn::Zero(df);
-    }
-  }
-  const float* x = g.x + a0 * g.x_a_step;
-  const float* y = g.y + b0 * lanes;
-  for (int64_t k = 0; k < g.k_count; ++k) {
-    VF yv[kB];
-    for (int b = 0; b < kB; ++b) yv[b] = hn::LoadU(df, y + k * g.y_k_step + b * lanes);
-    for (int a = 0; a < kA; ++a) {
-      const VF xv = hn::Set(df, x[a * g.x_a_step + k * g.x_k_step]);
-      for (int b = 0; b < kB; ++b) acc[a][b] = hn::MulAdd(xv, yv[b], acc[a][b]);
-    }
-  }
-  for (int a = 0; a < kA; ++a) {
-    for (int b = 0; b < kB; ++b) {
-      hn::StoreU(acc[a][b], df, g.out + (a0 + a) * g.out_a_step + (b0 + b) * lanes);
-    }
-  }
-}
-
 // The whole product: a_count rows of out, `vectors` vectors each.
 template <int kB>
-HWY_INLINE void F32BlocksOf(const F32Gemm& g, int64_t a_count, int64_t b0) {
+HWY_INLINE void F32BlocksOf(const OuterProduct& g, int64_t a_count, int64_t b0) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
   ForEachMlaBlock<kAccs / kB>(a_count, [&]<int kA>(int64_t a0) HWY_ATTR {
-    F32Block<kA, kB>(g, a0, b0);
+    OuterProductBlock<kA, kB>(g, {a0, b0 * lanes, kB * lanes});
   });
 }
 
-HWY_NOINLINE void F32Product(const F32Gemm& g, int64_t a_count, int64_t width) {
+HWY_NOINLINE void F32Product(const OuterProduct& g, int64_t a_count, int64_t width) {
   const int64_t vectors = width / static_cast<int64_t>(hn::Lanes(DF()));
   int64_t b = 0;
   for (; b + 2 <= vectors; b += 2) F32BlocksOf<2>(g, a_count, b);
@@ -124,7 +84,7 @@ MlaTile F32PrepareTile(const MlaKernelArgs& args, const MlaTile& rows) {
 void F32Logits(const MlaKernelArgs& args, const MlaTile& tile) {
   const MlaScratch& s = *args.scratch;
   const int64_t dim_qk = args.dim_ckv + args.dim_kpe;
-  const F32Gemm g{static_cast<const float*>(s.tile), dim_qk, 1, s.qt, args.rows_pad, dim_qk,
+  const OuterProduct g{static_cast<const float*>(s.tile), dim_qk, 1, s.qt, args.rows_pad, dim_qk,
                   s.st, args.rows_pad, false};
   F32Product(g, tile.n, args.rows_pad);
 }
@@ -132,7 +92,7 @@ void F32Logits(const MlaKernelArgs& args, const MlaTile& tile) {
 void F32Pv(const MlaKernelArgs& args, const MlaTile& tile) {
   const MlaScratch& s = *args.scratch;
   const int64_t dim_qk = args.dim_ckv + args.dim_kpe;
-  const F32Gemm g{s.st, 1, args.rows_pad, static_cast<const float*>(s.tile), dim_qk, tile.n,
+  const OuterProduct g{s.st, 1, args.rows_pad, static_cast<const float*>(s.tile), dim_qk, tile.n,
                   s.acc, args.dim_ckv, true};
   F32Product(g, args.rows, args.dim_ckv);
 }
