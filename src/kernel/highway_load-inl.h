@@ -85,7 +85,10 @@ HWY_INLINE VF LoadF32(DF df, const T* p) {
 // The first `count` (< Lanes) elements, zeros after; reads nothing beyond.
 template <typename T>
 HWY_INLINE VF LoadF32Tail(DF df, const T* p, size_t count) {
-  T buf[hn::MaxLanes(DF())];
+  // DF's most lanes on every target (a buffer of the target's own lanes
+  // would draw a false overflow warning on the 1-lane ones).
+  T buf[16];
+  static_assert(hn::MaxLanes(DF()) <= 16);
   std::memset(static_cast<void*>(buf), 0, sizeof(buf));
   std::memcpy(static_cast<void*>(buf), p, count * sizeof(T));
   return LoadF32(df, buf);
