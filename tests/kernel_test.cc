@@ -280,6 +280,66 @@ TEST_P(KernelTargetTest, RandomGridMatchesReference) {
   CheckGrid(1000 + static_cast<uint64_t>(GetParam() % 997), 3 * kGridScale, kAllKv);
 }
 
+// f16 and e5m2 inf and NaN codes are exact on every target, though Highway
+// emulates the f16 conversion on some (SSE4, EMU128: it made them finite
+// there, a fuzz finding). K/V and q of both dtypes, a decode row
+// (highway_rows) and a prefill (highway_packed): kv head 0 holds a NaN key
+// (its rows NaN), kv head 1 a +inf value (that dimension +inf), and a q row
+// of kv head 1's group a NaN (that row NaN).
+TEST_P(KernelTargetTest, HalfInfAndNanCodesAreExact) {
+  struct Codes {
+    DType dtype;
+    uint16_t nan, inf;  // 8-bit dtypes: the low byte.
+  };
+  for (const Codes codes : {Codes{DType::kF16, 0x7E00, 0x7C00}, Codes{DType::kF8E5M2, 0x7F, 0x7C}}) {
+    Case c;
+    c.spec.q_dtype = DType::kF16;
+    c.spec.kv_dtype = codes.dtype;
+    c.spec.num_q_heads = 4;
+    c.spec.num_kv_heads = 2;
+    c.spec.head_dim = 9;
+    c.spec.page_size = 8;
+    c.spec.sequences = {{1, 5}, {40, 40}};  // Decode, then a prefill of 40 rows.
+    c.spec.max_num_batched_tokens = 41;
+    c.spec.seed = 7;
+    c.options.sm_scale = 0.3;
+    SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
+    const int64_t elem = static_cast<int64_t>(SizeOf(codes.dtype)), dim = c.spec.head_dim;
+    auto put = [&](uint8_t* base, int64_t index, uint16_t code) {
+      std::memcpy(base + index * elem, &code, static_cast<size_t>(elem));
+    };
+    for (int64_t seq = 0; seq < 2; ++seq) {
+      // Key 0 of each sequence: [page, slot 0, 2 * kv_head + (0: K, 1: V), dim].
+      const int64_t row = b.page_indices[static_cast<size_t>(seq * b.pages_per_seq)] *
+                          c.spec.page_size * 2 * c.spec.num_kv_heads;
+      put(b.kv_pages.data(), (row + 0) * dim + 2, codes.nan);  // K, kv head 0.
+      put(b.kv_pages.data(), (row + 3) * dim + 1, codes.inf);  // V, kv head 1.
+    }
+    // q row of token 3 (the prefill's third), q head 3 (kv head 1), dim 4.
+    const uint16_t q_nan = 0x7E00;
+    std::memcpy(b.q.data() + ((3 * c.spec.num_q_heads + 3) * dim + 4) * 2, &q_nan, 2);
+    const Outputs ref = RunCase(c, b, /*fast=*/false);
+    const Outputs fast = RunCase(c, b, /*fast=*/true);
+    int nan = 0, inf = 0;
+    for (int64_t i = 0; i < b.num_tokens * c.spec.num_q_heads * dim; ++i) {
+      const float want = LoadAsF32(DType::kF16, ref.out.data(), i);
+      const float got = LoadAsF32(DType::kF16, fast.out.data(), i);
+      if (std::isnan(want)) {
+        ++nan;
+        EXPECT_TRUE(std::isnan(got)) << ToString(codes.dtype) << " element " << i << ": " << got;
+      } else if (std::isinf(want)) {
+        ++inf;
+        EXPECT_EQ(got, want) << ToString(codes.dtype) << " element " << i;
+      } else {
+        EXPECT_NEAR(got, want, Tolerance(c, want)) << ToString(codes.dtype) << " element " << i;
+      }
+    }
+    // The reference saw each kind: kv head 0's rows, head 1's dimension 1, the NaN q row.
+    EXPECT_EQ(nan, (41 * 2 + 1) * dim) << ToString(codes.dtype);
+    EXPECT_EQ(inf, 41 * 2 - 1) << ToString(codes.dtype);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Targets, KernelTargetTest,
                          ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
                          [](const ::testing::TestParamInfo<int64_t>& param) {

@@ -50,6 +50,27 @@ struct I8Elem { int8_t bits; };
 //   and output scales, so nothing is multiplied per element. Its NaN codes
 //   (0x7F, 0xFF) would land on a finite f16, so they are set to NaN.
 
+// f16 lanes to f32. Where Highway emulates the conversion (x86 without
+// F16C, EMU128, SCALAR) it maps the all-ones exponent to a finite value
+// (2^16 and up); there inf and NaN are rebuilt: sign, exponent 0xFF, the
+// mantissa shifted up (zero: inf; any other: NaN).
+HWY_INLINE VF PromoteF16(DF df, hn::Vec<hn::Rebind<hwy::float16_t, DF>> h) {
+  const VF f = hn::PromoteTo(df, h);
+#if HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3 || HWY_TARGET == HWY_EMU128 || \
+    HWY_TARGET == HWY_SCALAR
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::PromoteTo(du, hn::BitCast(hn::Rebind<uint16_t, DF>(), h));
+  const auto exponent = hn::Set(du, uint32_t{0x7C00});
+  const auto special = hn::Eq(hn::And(bits, exponent), exponent);
+  const auto rebuilt = hn::Or(hn::Or(hn::ShiftLeft<16>(hn::And(bits, hn::Set(du, uint32_t{0x8000}))),
+                                     hn::Set(du, uint32_t{0x7F800000})),
+                              hn::ShiftLeft<13>(hn::And(bits, hn::Set(du, uint32_t{0x3FF}))));
+  return hn::IfThenElse(hn::RebindMask(df, special), hn::BitCast(df, rebuilt), f);
+#else
+  return f;
+#endif
+}
+
 // Lanes [0, Lanes(df)) of a row, converted to f32 in registers.
 template <typename T>
 HWY_INLINE VF LoadF32(DF df, const T* p) {
@@ -65,7 +86,7 @@ HWY_INLINE VF LoadF32(DF df, const T* p) {
     const hn::Rebind<hwy::float16_t, DF> dh;
     const auto x = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const uint8_t*>(p)));
     if constexpr (std::is_same_v<T, E5M2Elem>) {
-      return hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(x)));
+      return PromoteF16(df, hn::BitCast(dh, hn::ShiftLeft<8>(x)));
     } else {
       const auto magnitude = hn::And(x, hn::Set(d16, uint16_t{0x7F}));
       const auto bits = hn::Or(hn::ShiftLeft<7>(magnitude),
@@ -76,6 +97,8 @@ HWY_INLINE VF LoadF32(DF df, const T* p) {
           df, hn::Eq(hn::PromoteTo(du, magnitude), hn::Set(du, uint32_t{0x7F})));
       return hn::IfThenElse(nan, hn::Set(df, std::numeric_limits<float>::quiet_NaN()), f);
     }
+  } else if constexpr (std::is_same_v<T, hwy::float16_t>) {
+    return PromoteF16(df, hn::LoadU(hn::Rebind<T, DF>(), p));
   } else {
     const hn::Rebind<T, DF> dh;
     return hn::PromoteTo(df, hn::LoadU(dh, p));
