@@ -81,7 +81,8 @@ struct AttentionProblem {
   // The custom mask as given (a view of the caller's array, read only when
   // copied: MetadataCopy::CopyOptionArrays) ...
   struct MaskInput {
-    const uint8_t* data = nullptr;  // Null: no custom mask.
+    bool present = false;           // A mask was passed (its data may be null: 0 bytes).
+    const uint8_t* data = nullptr;
     int64_t size = 0;               // Elements (bytes).
     bool packed = false;            // packed_custom_mask, else custom_mask.
   };

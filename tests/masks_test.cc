@@ -547,6 +547,14 @@ TEST_F(MaskErrorTest, CustomMask) {
   options.causal = std::nullopt;
   options.sliding_window = 4;
   Expect(options, ErrorKind::kOption, "sliding_window=4 must be None with custom_mask.");
+  // An empty mask (null data) is a mask too: its size is checked, and it
+  // is not taken for no mask (a fuzz finding: it made the call causal).
+  options.sliding_window = std::nullopt;
+  options.custom_mask = TensorView(nullptr, DType::kU8, {0});
+  Expect(options, ErrorKind::kShape,
+         "custom_mask.shape=(0,) must be (22,): the sum over the live sequences of "
+         "q_len * kv_len.");
+  options.custom_mask = MaskView(flat);
   // Accepted: a mask lifts the q_len <= kv_len rule, causal=false too.
   options.sliding_window = std::nullopt;
   for (std::optional<bool> causal : {std::optional<bool>(), std::optional<bool>(false)}) {
@@ -554,6 +562,18 @@ TEST_F(MaskErrorTest, CustomMask) {
     std::vector<uint8_t> out(b_.q.size(), 0xEE);
     RaggedPagedAttention(b_.Q(), b_.KvPages(), TableOf(b_), options, b_.OutView(out));
   }
+}
+
+// The ragged fuzzer's finding: rows of sequences without keys and their
+// mask of 0 keys (null data). The call is not causal, so q_len > kv_len is
+// allowed, and each such row sees no key: output 0.
+TEST(MaskTest, AnEmptyMaskOfKeylessSequencesIsAccepted) {
+  const SyntheticBatch b = MakeBatch(kCases[0], {{1, 0}, {3, 0}}, 5);
+  AttentionOptions options;
+  options.custom_mask = TensorView(nullptr, DType::kU8, {0});
+  std::vector<uint8_t> out(b.q.size(), 0xEE);
+  RaggedPagedAttention(b.Q(), b.KvPages(), TableOf(b), options, b.OutView(out));
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint8_t x) { return x == 0; }));
 }
 
 // The fused write stores the new tokens at the last q_len positions: they

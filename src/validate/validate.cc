@@ -139,7 +139,7 @@ AttentionProblem::MaskInput CheckCustomMask(const AttentionOptions& options) {
             StrCat(NameEq("sliding_window", options.sliding_window.value_or(0)),
                    " must be None with ", name, "."),
             "Clear the keys outside the window in the mask instead.");
-  return {static_cast<const uint8_t*>(mask.data), mask.shape[0], packed};
+  return {/*present=*/true, static_cast<const uint8_t*>(mask.data), mask.shape[0], packed};
 }
 
 // A window counts back from each row's causal position: without the
@@ -452,7 +452,7 @@ AttentionProblem StaticValidate(const RaggedInputs& in, const AttentionOptions& 
   p.soft_cap = static_cast<float>(options.soft_cap.value_or(0.0));
   // kv_len fits in int32, so a wider window masks nothing: it is no window.
   p.sliding_window = options.sliding_window.value_or(0) > INT32_MAX ? 0 : options.sliding_window.value_or(0);
-  p.causal = options.causal.value_or(p.mask_input.data == nullptr);
+  p.causal = options.causal.value_or(!p.mask_input.present);
   p.k_scale = static_cast<float>(options.k_scale.value_or(1.0));
   p.v_scale = static_cast<float>(options.v_scale.value_or(1.0));
   p.num_kv_pages_per_block = options.num_kv_pages_per_block.value_or(0);
@@ -512,7 +512,7 @@ void MetadataCopy::CopyOptionArrays(AttentionProblem& p) {
     alibi_slopes.assign(p.alibi_slopes, p.alibi_slopes + p.num_q_heads);
     p.alibi_slopes = alibi_slopes.data();
   }
-  if (p.mask_input.data != nullptr) CopyCustomMask(p, *this);
+  if (p.mask_input.present) CopyCustomMask(p, *this);
 }
 
 void CheckNonDecreasing(std::string_view name, int64_t i, int32_t before, int32_t after,
