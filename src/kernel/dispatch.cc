@@ -102,7 +102,8 @@ std::string HighwayTarget() {
 std::string DescribeDispatch(DType kv_dtype) {
   const CpuFeatures cpu = UsableCpuFeatures();
   const ChoicePair choice(DType::kBF16, kv_dtype, cpu);
-  std::string s = "cpu features: " + cpu.ToString() + "; highway: " + HighwayTarget() + "; amx: " + AmxDetection() +
+  std::string s = "cpu features: " + cpu.ToString() + "; highway: " + HighwayTarget() +
+                  "; amx: " + AmxDetection() +
                   (cpu.amx_bf16 && !cpu.amx_emulated && !cpu.amx_opted_in
                        ? " (not dispatched: set RPA_AMX=1, not yet measured on AMX hardware)"
                        : "") +

@@ -62,9 +62,9 @@ HWY_INLINE VF PromoteF16(DF df, hn::Vec<hn::Rebind<hwy::float16_t, DF>> h) {
   const auto bits = hn::PromoteTo(du, hn::BitCast(hn::Rebind<uint16_t, DF>(), h));
   const auto exponent = hn::Set(du, uint32_t{0x7C00});
   const auto special = hn::Eq(hn::And(bits, exponent), exponent);
-  const auto rebuilt = hn::Or(hn::Or(hn::ShiftLeft<16>(hn::And(bits, hn::Set(du, uint32_t{0x8000}))),
-                                     hn::Set(du, uint32_t{0x7F800000})),
-                              hn::ShiftLeft<13>(hn::And(bits, hn::Set(du, uint32_t{0x3FF}))));
+  const auto sign = hn::ShiftLeft<16>(hn::And(bits, hn::Set(du, uint32_t{0x8000})));
+  const auto mantissa = hn::ShiftLeft<13>(hn::And(bits, hn::Set(du, uint32_t{0x3FF})));
+  const auto rebuilt = hn::Or(hn::Or(sign, hn::Set(du, uint32_t{0x7F800000})), mantissa);
   return hn::IfThenElse(hn::RebindMask(df, special), hn::BitCast(df, rebuilt), f);
 #else
   return f;

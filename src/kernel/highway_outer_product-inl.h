@@ -52,8 +52,9 @@ struct OuterProductBlockAt {
 
 namespace outer_product {
 
-// Stores (or adds) a row's accumulators c0, c1 to its `columns` columns at
-// out (a partial block stores only those: the next row may follow them).
+// Stores a row's accumulators c0, c1 (which started from out when the
+// product accumulates) to its `columns` columns at out; a partial block
+// stores only those: the next row may follow them.
 template <int kB>
 HWY_INLINE void StoreRow(VF c0, VF c1, int64_t columns, float* out) {
   const DF df;
@@ -88,12 +89,13 @@ HWY_INLINE void Rows(const OuterProduct& g, const OuterProductBlockAt& at, const
     float* out = g.out + (at.a0 + a) * g.out_a_step + at.j0;
     VF c0 = g.accumulate ? hn::LoadU(df, out) : hn::Zero(df);
     VF c1 = kB == 2 && g.accumulate ? hn::LoadU(df, out + lanes) : hn::Zero(df);
-    Rows<kA, kB, a + 1>(g, at, [&](int64_t k, VF y0, VF y1) HWY_ATTR __attribute__((always_inline)) {
+    auto step = [&](int64_t k, VF y0, VF y1) HWY_ATTR __attribute__((always_inline)) {
       steps(k, y0, y1);
       const VF xv = hn::Set(df, x[k * g.x_k_step]);
       c0 = hn::MulAdd(xv, y0, c0);
       if constexpr (kB == 2) c1 = hn::MulAdd(xv, y1, c1);
-    });
+    };
+    Rows<kA, kB, a + 1>(g, at, step);
     StoreRow<kB>(c0, c1, at.columns, out);
   }
 }
