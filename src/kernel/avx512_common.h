@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernel/exp_non_positive.h"
 #include "kernel/tile_kernel.h"
 #include "rpa/dtype.h"
 
@@ -134,23 +135,24 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 BlockLogits(const
 }
 
 
-// e^x for x <= 0, -inf included, within about an ulp; e^x below e^-87
-// (just above the smallest normal float) is 0: it cannot move a sum that
-// holds e^0 = 1, and no denormal reaches the products.
+// e^x for x <= 0, -inf included (exp_non_positive.h: the method, its error
+// and why Estrin's form).
 RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 ExpNonPositive(__m512 x) {
-  const __m512 lowest = _mm512_set1_ps(-87.0f);
+  namespace e = exp_non_positive;
+  const __m512 lowest = _mm512_set1_ps(e::kLowest);
   const __mmask16 normal = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
   x = _mm512_max_ps(x, lowest);  // -inf would make the reduced argument NaN.
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(e::kLog2E)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // x - n ln2 in two steps (ln2's high part has trailing zeros: n * hi is exact).
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-6f), r);
-  // Taylor to degree 7 on |r| <= ln2 / 2: truncation below 1e-8.
-  __m512 poly = _mm512_set1_ps(1.0f / 5040);
-  for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) {
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(c));
-  }
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(e::kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(e::kLn2Lo), r);
+  const auto pair = [r](int k) RPA_AVX512_TARGET {  // t_k + t_{k+1} r
+    return _mm512_fmadd_ps(r, _mm512_set1_ps(e::kTaylor[k + 1]), _mm512_set1_ps(e::kTaylor[k]));
+  };
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  const __m512 low = _mm512_fmadd_ps(r2, pair(2), pair(0));
+  const __m512 high = _mm512_fmadd_ps(r2, pair(6), pair(4));
+  const __m512 poly = _mm512_fmadd_ps(_mm512_mul_ps(r2, r2), high, low);
   return _mm512_maskz_scalef_ps(normal, poly, n);
 }
 

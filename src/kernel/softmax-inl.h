@@ -24,11 +24,36 @@
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "kernel/exp_non_positive.h"
 #include "kernel/highway_load-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace rpa::internal {
 namespace HWY_NAMESPACE {
+// e^x for x <= 0, -inf included (exp_non_positive.h: the method, its error
+// and why Estrin's form).
+HWY_INLINE VF ExpNonPositive(DF df, VF x) {
+  namespace e = exp_non_positive;
+  const hn::RebindToSigned<DF> di;
+  const VF lowest = hn::Set(df, e::kLowest);
+  const auto normal = hn::Ge(x, lowest);
+  x = hn::Max(x, lowest);  // -inf would make the reduced argument NaN.
+  const VF n = hn::Round(hn::Mul(x, hn::Set(df, e::kLog2E)));
+  VF r = hn::NegMulAdd(n, hn::Set(df, e::kLn2Hi), x);
+  r = hn::NegMulAdd(n, hn::Set(df, e::kLn2Lo), r);
+  const auto pair = [&](int k) {  // t_k + t_{k+1} r
+    return hn::MulAdd(r, hn::Set(df, e::kTaylor[k + 1]), hn::Set(df, e::kTaylor[k]));
+  };
+  const VF r2 = hn::Mul(r, r);
+  const VF low = hn::MulAdd(r2, pair(2), pair(0));
+  const VF high = hn::MulAdd(r2, pair(6), pair(4));
+  const VF poly = hn::MulAdd(hn::Mul(r2, r2), high, low);
+  // 2^n from its exponent bits: -126 <= n <= 0 here, a normal float.
+  const auto two_to_n =
+      hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
+  return hn::IfThenElseZero(normal, hn::Mul(poly, two_to_n));
+}
+
 struct SoftmaxParams {
   float logit_scale;  // sm_scale * k_scale (times kE4M3Rescale where the kernel scales e4m3).
   float soft_cap;     // 0: none.
@@ -85,48 +110,61 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   const bool any_masked = t0 < begin || t0 + n > end;
   const auto iota = hn::Iota(di, 0);
   VF vmax = neg_inf;
+  using MF = hn::Mask<DF>;
   // Lanes of kept keys (custom mask): whether the tile held any.
-  VF vkept = hn::Zero(df);
+  MF kept = hn::FirstN(df, 0);
   // Lanes that saw a NaN logit (before the cap: tanh's clamp would hide it).
-  VF vnan = hn::Zero(df);
-  for (int64_t i = 0; i < n_pad; i += lanes) {
+  MF nan = hn::FirstN(df, 0);
+  // Keys [i, i + lanes): s scaled, ALiBi, the custom mask, the cap, the
+  // causal/window mask, then stored and taken into the maximum. kWhole:
+  // every key below n and none of those options (most tiles of a prefill).
+  auto logits = [&]<bool kWhole>(int64_t i) HWY_ATTR {
     VF x = hn::Mul(hn::LoadU(df, s + i), scale);
-    const auto index = hn::Add(iota, hn::Set(di, static_cast<int32_t>(i)));
-    if (sp.alibi) {  // + slope * (t - pos), t = t0 + index.
-      const VF distance =
-          hn::ConvertTo(df, hn::Add(index, hn::Set(di, static_cast<int32_t>(keys.t0 - keys.pos))));
-      x = hn::MulAdd(hn::Set(df, keys.alibi_slope), distance, x);
+    if constexpr (kWhole) {
+      nan = hn::Or(nan, hn::IsNaN(x));
+    } else {
+      const auto index = hn::Add(iota, hn::Set(di, static_cast<int32_t>(i)));
+      if (sp.alibi) {  // + slope * (t - pos), t = t0 + index.
+        const VF distance = hn::ConvertTo(
+            df, hn::Add(index, hn::Set(di, static_cast<int32_t>(keys.t0 - keys.pos))));
+        x = hn::MulAdd(hn::Set(df, keys.alibi_slope), distance, x);
+      }
+      auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
+      if (keys.bits != nullptr) {
+        valid = hn::And(valid, KeptLanes(keys.bits, keys.bit0 + i));
+        kept = hn::Or(kept, valid);
+      }
+      nan = hn::Or(nan, hn::And(valid, hn::IsNaN(x)));
+      if (sp.soft_cap != 0.0f) {
+        const VF cap = hn::Set(df, sp.soft_cap);
+        x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
+      }
+      if (any_masked) {
+        const auto t = hn::Add(index, hn::Set(di, static_cast<int32_t>(t0)));
+        const auto masked = hn::Or(hn::Lt(t, hn::Set(di, static_cast<int32_t>(begin))),
+                                   hn::Gt(t, hn::Set(di, static_cast<int32_t>(end - 1))));
+        const auto masked_f = hn::RebindMask(df, masked);
+        // mask_value -inf is added like the reference does, so a masked +inf
+        // logit becomes NaN there too (it poisons the row, as in the
+        // reference); other vanishing masks give exactly -inf.
+        x = sp.vanish && sp.mask_value != -std::numeric_limits<float>::infinity()
+                ? hn::IfThenElse(masked_f, neg_inf, x)
+                : hn::IfThenElse(masked_f, hn::Add(x, hn::Set(df, sp.mask_value)), x);
+        nan = hn::Or(nan, hn::And(valid, hn::IsNaN(x)));
+      }
+      x = hn::IfThenElse(valid, x, neg_inf);
     }
-    auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
-    if (keys.bits != nullptr) {
-      valid = hn::And(valid, KeptLanes(keys.bits, keys.bit0 + i));
-      vkept = hn::Or(vkept, hn::VecFromMask(df, valid));
-    }
-    vnan = hn::Or(vnan, hn::VecFromMask(df, hn::And(valid, hn::IsNaN(x))));
-    if (sp.soft_cap != 0.0f) {
-      const VF cap = hn::Set(df, sp.soft_cap);
-      x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
-    }
-    if (any_masked) {
-      const auto t = hn::Add(index, hn::Set(di, static_cast<int32_t>(t0)));
-      const auto masked = hn::Or(hn::Lt(t, hn::Set(di, static_cast<int32_t>(begin))),
-                                 hn::Gt(t, hn::Set(di, static_cast<int32_t>(end - 1))));
-      const auto masked_f = hn::RebindMask(df, masked);
-      // mask_value -inf is added like the reference does, so a masked +inf
-      // logit becomes NaN there too (it poisons the row, as in the
-      // reference); other vanishing masks give exactly -inf.
-      x = sp.vanish && sp.mask_value != -std::numeric_limits<float>::infinity()
-              ? hn::IfThenElse(masked_f, neg_inf, x)
-              : hn::IfThenElse(masked_f, hn::Add(x, hn::Set(df, sp.mask_value)), x);
-      vnan = hn::Or(vnan, hn::VecFromMask(df, hn::And(valid, hn::IsNaN(x))));
-    }
-    x = hn::IfThenElse(valid, x, neg_inf);
     hn::StoreU(x, df, s + i);
     vmax = hn::Max(vmax, x);
+  };
+  int64_t key = 0;
+  if (!sp.alibi && keys.bits == nullptr && sp.soft_cap == 0.0f && !any_masked) {
+    for (; key + lanes <= n; key += lanes) logits.template operator()<true>(key);
   }
+  for (; key < n_pad; key += lanes) logits.template operator()<false>(key);
   const float m_old = *m;
   const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(df, vmax)));
-  if (std::isnan(m_old) || !hn::AllFalse(df, hn::MaskFromVec(vnan)) ||
+  if (std::isnan(m_old) || !hn::AllFalse(df, nan) ||
       m_new == std::numeric_limits<float>::infinity()) {
     // A NaN logit, or a +inf one (exp(inf - inf)), makes the row NaN in the
     // reference (docs/contract.md §1: NaN in valid data propagates): poison the state;
@@ -148,7 +186,7 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
     // masks no key at all. (Otherwise a finite mask_value <= -1e4 makes the
     // reference weigh the masked keys instead; those may be skipped, docs/contract.md §1.)
     // A custom mask's dropped keys take no part: the tile must keep one.
-    const bool participates = keys.bits == nullptr || !hn::AllFalse(df, hn::MaskFromVec(vkept));
+    const bool participates = keys.bits == nullptr || !hn::AllFalse(df, kept);
     const bool visible = std::min(t0 + n, end) > std::max(t0, begin);
     const bool masks_none = begin <= 0 && end >= kv_len;
     if (participates &&
@@ -163,7 +201,7 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   VF vsum = hn::Zero(df);
   for (int64_t i = 0; i < n_pad; i += lanes) {
     const VF x = hn::LoadU(df, s + i);
-    const VF p = hn::Exp(df, hn::Sub(x, vm));  // exp(-inf) = 0 for masked keys.
+    const VF p = ExpNonPositive(df, hn::Sub(x, vm));  // exp(-inf) = 0 for masked keys.
     vsum = hn::Add(vsum, p);
     hn::StoreU(p, df, s + i);
   }

@@ -167,6 +167,21 @@ TaskContext MakeContext(const AttentionProblem& pr, const KernelTask& task,
   return c;
 }
 
+// q and output rows are a token (all heads) apart, a stride the hardware
+// prefetchers do not follow: LoadQueries and WriteRows prefetch this many
+// rows ahead (docs/kernel_log.md, twelfth session).
+constexpr int64_t kRowsAhead = 16;
+
+// Called at row r of a loop over rows [0, rows): prefetches row r +
+// kRowsAhead (at r = 0, every row up to it) of row_at(i)'s `bytes` bytes.
+template <class RowAt>
+void PrefetchRowsAhead(int64_t r, int64_t rows, const RowAt& row_at, int64_t bytes,
+                       PrefetchTo to) {
+  for (int64_t i = r == 0 ? 0 : r + kRowsAhead; i <= r + kRowsAhead && i < rows; ++i) {
+    PrefetchRow(row_at(i), bytes, to);
+  }
+}
+
 // Loads every row of q as f32 and in each other format the kernels want;
 // resets the online-softmax state.
 void LoadQueries(const TaskContext& c) {
@@ -188,10 +203,15 @@ void LoadQueries(const TaskContext& c) {
     if (fused != nullptr) want(fused->q_format, fused->prepare_q);
   }
   want(c.kernels->products->q_format, c.kernels->products->prepare_q);
+  const int64_t q_row_bytes = pr.head_dim * static_cast<int64_t>(SizeOf(pr.q_dtype));
+  auto q_row = [&](int64_t r) {
+    return ElementPtr(pr.q, pr.q_dtype,
+                      c.TokenOf(r) * pr.q_token_stride + c.HeadOf(r) * pr.q_head_stride);
+  };
   for (int64_t r = 0; r < c.rows; ++r) {
-    const int64_t offset = c.TokenOf(r) * pr.q_token_stride + c.HeadOf(r) * pr.q_head_stride;
+    PrefetchRowsAhead(r, c.rows, q_row, q_row_bytes, PrefetchTo::kL1);
     float* q = ws.q + r * dim_pad;
-    LoadRowF32(pr.q_dtype, ElementPtr(pr.q, pr.q_dtype, offset), pr.head_dim, dim_pad, q);
+    LoadRowF32(pr.q_dtype, q_row(r), pr.head_dim, dim_pad, q);
     for (int i = 0; i < num_formats; ++i) {
       const int f = static_cast<int>(formats[i]);
       const int64_t row_bytes = QueryStride(formats[i], dim_pad) * QueryElemBytes(formats[i]);
@@ -374,7 +394,13 @@ void WriteRows(const TaskContext& c) {
   const WorkerScratch& ws = *c.ws;
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t elem = static_cast<int64_t>(SizeOf(pr.q_dtype));
+  auto out_row = [&](int64_t r) {
+    return static_cast<uint8_t*>(pr.out) +
+           (c.TokenOf(r) * pr.out_token_stride + c.HeadOf(r) * pr.out_head_stride) * elem;
+  };
   for (int64_t r = 0; r < c.rows; ++r) {
+    PrefetchRowsAhead(r, c.rows, out_row, pr.head_dim * elem, PrefetchTo::kL1ForWrite);
     const int64_t token = c.TokenOf(r);
     const int64_t head = c.HeadOf(r);
     const FinishedRow f = FinishRow(ws.m[r], ws.l[r], pr.sinks ? pr.sinks + head : nullptr,
@@ -384,10 +410,7 @@ void WriteRows(const TaskContext& c) {
     for (int64_t d = 0; d < ws.dim_pad; d += lanes) {
       hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), hn::Set(df, f.out_scale)), df, acc + d);
     }
-    void* dst = static_cast<uint8_t*>(pr.out) +
-                (token * pr.out_token_stride + head * pr.out_head_stride) *
-                    static_cast<int64_t>(SizeOf(pr.q_dtype));
-    StoreRow(pr.q_dtype, dst, acc, pr.head_dim);
+    StoreRow(pr.q_dtype, out_row(r), acc, pr.head_dim);
   }
 }
 
