@@ -63,6 +63,20 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void Transpose16x16
   }
 }
 
+// The packs prefetch the rows they read kPackRowsAhead rows ahead, into L1:
+// a tile's rows are a token apart (4 KiB in the combined layout), a stride
+// the hardware prefetchers do not follow, and the next tile's rows that
+// PackTile prefetches up front into L2 do not all stay there beside a
+// prefill tile's logits (docs/kernel_log.md, twelfth session).
+constexpr int64_t kPackRowsAhead = 16;
+
+template <DType kDtype>
+__attribute__((always_inline)) inline void PrefetchPackRows(const AmxPackArgs& a, int64_t begin,
+                                                            int64_t end) {
+  const int64_t bytes = a.head_dim * static_cast<int64_t>(SizeOf(kDtype));
+  for (int64_t i = begin; i < end && i < a.n; ++i) PrefetchRow(a.rows[i], bytes, PrefetchTo::kL1);
+}
+
 // Blocks of 16 keys x 32 dims: 16 row chunks (16 dim pairs each) transposed
 // into 16 pair rows of 16 keys, each stored as one 64-byte vector.
 template <DType kDtype>
@@ -71,6 +85,7 @@ RPA_AVX512_BF16_TARGET void PackKeysImpl(const AmxPackArgs& a) {
   const int64_t n32 = AmxRoundUp(a.n, kAmxKeyAlign);
   const int64_t dim_pad = AmxRoundUp(a.head_dim, kAmxDimAlign);
   for (int64_t i0 = 0; i0 < n32; i0 += 16) {
+    PrefetchPackRows<kDtype>(a, i0 + kPackRowsAhead, i0 + kPackRowsAhead + 16);
     for (int64_t d0 = 0; d0 < dim_pad; d0 += 32) {
       __m512i v[16];
       for (int64_t j = 0; j < 16; ++j) {
@@ -104,6 +119,7 @@ RPA_AVX512_BF16_TARGET void PackValuesImpl(const AmxPackArgs& a) {
       std::memset(out, 0, 4 * d16);
       continue;
     }
+    PrefetchPackRows<kDtype>(a, i + kPackRowsAhead, i + kPackRowsAhead + 2);
     for (int64_t d0 = 0; d0 < d16; d0 += 32) {
       const __m512i x = read(a.rows[i], d0);
       const __m512i y = i + 1 < a.n ? read(a.rows[i + 1], d0) : _mm512_setzero_si512();
