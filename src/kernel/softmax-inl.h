@@ -205,11 +205,14 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
     vsum = hn::Add(vsum, p);
     hn::StoreU(p, df, s + i);
   }
-  const float alpha = m_old == -std::numeric_limits<float>::infinity() ? 0.0f
-                                                                      : std::exp(m_old - m_new);
+  const bool first = m_old == -std::numeric_limits<float>::infinity();
+  const float alpha = first ? 0.0f : std::exp(m_old - m_new);
   *m = m_new;
   *l = *l * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
-  if (alpha != 1.0f) {
+  // Before the first finite maximum every weight was 0: the accumulator
+  // holds 0 (or NaN from 0 x NaN, which 0 x NaN keeps), so its rescale by 0
+  // is skipped: most rows of a chunked prefill see a single tile.
+  if (alpha != 1.0f && !first) {
     const VF va = hn::Set(df, alpha);
     for (int64_t d = 0; d < dim_pad; d += lanes) {
       hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), va), df, acc + d);

@@ -191,8 +191,12 @@ void LoadQueries(const TaskContext& c) {
   QueryFormat formats[3];
   PrepareQueryRow prepare[3];
   int num_formats = 0;
+  bool f32_wanted = false;
   auto want = [&](QueryFormat format, PrepareQueryRow fn) {
-    if (format == QueryFormat::kF32) return;
+    if (format == QueryFormat::kF32) {
+      f32_wanted = true;
+      return;
+    }
     for (int i = 0; i < num_formats; ++i) {
       if (formats[i] == format) return;
     }
@@ -203,6 +207,14 @@ void LoadQueries(const TaskContext& c) {
     if (fused != nullptr) want(fused->q_format, fused->prepare_q);
   }
   want(c.kernels->products->q_format, c.kernels->products->prepare_q);
+  // bf16 q in a kBf16 kernel's format is q's own bits (what PrepareBf16Row's
+  // rounding would give back): copied, with no f32 row where no kernel
+  // takes one.
+  auto copies_bits = [&](QueryFormat format) {
+    return format == QueryFormat::kBf16 && pr.q_dtype == DType::kBF16;
+  };
+  bool f32_needed = f32_wanted;
+  for (int i = 0; i < num_formats; ++i) f32_needed |= !copies_bits(formats[i]);
   const int64_t q_row_bytes = pr.head_dim * static_cast<int64_t>(SizeOf(pr.q_dtype));
   auto q_row = [&](int64_t r) {
     return ElementPtr(pr.q, pr.q_dtype,
@@ -211,12 +223,18 @@ void LoadQueries(const TaskContext& c) {
   for (int64_t r = 0; r < c.rows; ++r) {
     PrefetchRowsAhead(r, c.rows, q_row, q_row_bytes, PrefetchTo::kL1);
     float* q = ws.q + r * dim_pad;
-    LoadRowF32(pr.q_dtype, q_row(r), pr.head_dim, dim_pad, q);
+    if (f32_needed) LoadRowF32(pr.q_dtype, q_row(r), pr.head_dim, dim_pad, q);
     for (int i = 0; i < num_formats; ++i) {
       const int f = static_cast<int>(formats[i]);
       const int64_t row_bytes = QueryStride(formats[i], dim_pad) * QueryElemBytes(formats[i]);
-      ws.q_unscale[f][r] = prepare[i](q, pr.head_dim, dim_pad,
-                                      static_cast<uint8_t*>(ws.q_format[f]) + r * row_bytes);
+      uint8_t* out = static_cast<uint8_t*>(ws.q_format[f]) + r * row_bytes;
+      if (copies_bits(formats[i])) {
+        std::memcpy(out, q_row(r), q_row_bytes);
+        std::memset(out + q_row_bytes, 0, row_bytes - q_row_bytes);
+        ws.q_unscale[f][r] = 1.0f;
+      } else {
+        ws.q_unscale[f][r] = prepare[i](q, pr.head_dim, dim_pad, out);
+      }
     }
     ws.m[r] = -std::numeric_limits<float>::infinity();
     ws.l[r] = 0.0f;
