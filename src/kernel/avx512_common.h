@@ -259,13 +259,15 @@ __attribute__((always_inline)) inline void ForEachLogitsBlock(int64_t rows, cons
   if (tile.k_next.count > RoundUp(n, per)) {
     PrefetchRows(tile.k_next, RoundUp(n, per), tile.k_next.count, bytes);
   }
-  int64_t r = 0;
-  for (; rows - r > 2; r += 4) {
-    for (int64_t t = 0; t < n; t += 4) {
-      if (r == 0) PrefetchRows(tile.k_next, t, 4, bytes);
-      block.template operator()<4, 4>(r, t);
-    }
+  // Keys outside, row blocks inside: a block's 4 K rows are read from L2 once
+  // for all row blocks (a tile's rows are a token, 4 KiB, apart: they share
+  // L1 sets and do not stay there from one row block's pass to the next).
+  const int64_t whole_blocks = rows / 4 * 4 + (rows % 4 > 2 ? 4 : 0);
+  for (int64_t t = 0; whole_blocks > 0 && t < n; t += 4) {
+    PrefetchRows(tile.k_next, t, 4, bytes);
+    for (int64_t r = 0; r < whole_blocks; r += 4) block.template operator()<4, 4>(r, t);
   }
+  int64_t r = whole_blocks;
   if (rows - r == 2) {
     for (int64_t t = 0; t < n; t += 8) {
       if (r == 0) PrefetchRows(tile.k_next, t, 8, bytes);
