@@ -182,7 +182,8 @@ void PrefetchRowsAhead(int64_t r, int64_t rows, const RowAt& row_at, int64_t byt
   }
 }
 
-// Loads every row of q as f32 and in each other format the kernels want;
+// Loads every row of q in each format the task's kernels want (f32 also as
+// the source of the other formats, unless every one is a copy of q's bits);
 // resets the online-softmax state.
 void LoadQueries(const TaskContext& c) {
   const AttentionProblem& pr = *c.pr;
