@@ -262,12 +262,13 @@ __attribute__((always_inline)) inline void ForEachLogitsBlock(int64_t rows, cons
   // Keys outside, row blocks inside: a block's 4 K rows are read from L2 once
   // for all row blocks (a tile's rows are a token, 4 KiB, apart: they share
   // L1 sets and do not stay there from one row block's pass to the next).
-  const int64_t whole_blocks = rows / 4 * 4 + (rows % 4 > 2 ? 4 : 0);
-  for (int64_t t = 0; whole_blocks > 0 && t < n; t += 4) {
+  // The rows the 4-row blocks cover (a last block of 3 rows included).
+  const int64_t four_row_span = rows % 4 > 2 ? RoundUp(rows, 4) : rows / 4 * 4;
+  for (int64_t t = 0; four_row_span > 0 && t < n; t += 4) {
     PrefetchRows(tile.k_next, t, 4, bytes);
-    for (int64_t r = 0; r < whole_blocks; r += 4) block.template operator()<4, 4>(r, t);
+    for (int64_t r = 0; r < four_row_span; r += 4) block.template operator()<4, 4>(r, t);
   }
-  int64_t r = whole_blocks;
+  const int64_t r = four_row_span;
   if (rows - r == 2) {
     for (int64_t t = 0; t < n; t += 8) {
       if (r == 0) PrefetchRows(tile.k_next, t, 8, bytes);

@@ -167,9 +167,9 @@ TaskContext MakeContext(const AttentionProblem& pr, const KernelTask& task,
   return c;
 }
 
-// q and output rows are a token (all heads) apart, a stride the hardware
-// prefetchers do not follow: LoadQueries and WriteRows prefetch this many
-// rows ahead (docs/kernel_log.md, twelfth session).
+// q rows are a token (all heads) apart, a stride the hardware prefetchers do
+// not follow: LoadQueries prefetches this many rows ahead
+// (docs/kernel_log.md, twelfth session).
 constexpr int64_t kRowsAhead = 16;
 
 // Called at row r of a loop over rows [0, rows): prefetches row r +
@@ -223,14 +223,15 @@ void LoadQueries(const TaskContext& c) {
   };
   for (int64_t r = 0; r < c.rows; ++r) {
     PrefetchRowsAhead(r, c.rows, q_row, q_row_bytes, PrefetchTo::kL1);
+    const void* src = q_row(r);
     float* q = ws.q + r * dim_pad;
-    if (f32_needed) LoadRowF32(pr.q_dtype, q_row(r), pr.head_dim, dim_pad, q);
+    if (f32_needed) LoadRowF32(pr.q_dtype, src, pr.head_dim, dim_pad, q);
     for (int i = 0; i < num_formats; ++i) {
       const int f = static_cast<int>(formats[i]);
       const int64_t row_bytes = QueryStride(formats[i], dim_pad) * QueryElemBytes(formats[i]);
       uint8_t* out = static_cast<uint8_t*>(ws.q_format[f]) + r * row_bytes;
       if (copies_bits(formats[i])) {
-        std::memcpy(out, q_row(r), q_row_bytes);
+        std::memcpy(out, src, q_row_bytes);
         std::memset(out + q_row_bytes, 0, row_bytes - q_row_bytes);
         ws.q_unscale[f][r] = 1.0f;
       } else {
@@ -413,13 +414,7 @@ void WriteRows(const TaskContext& c) {
   const WorkerScratch& ws = *c.ws;
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t elem = static_cast<int64_t>(SizeOf(pr.q_dtype));
-  auto out_row = [&](int64_t r) {
-    return static_cast<uint8_t*>(pr.out) +
-           (c.TokenOf(r) * pr.out_token_stride + c.HeadOf(r) * pr.out_head_stride) * elem;
-  };
   for (int64_t r = 0; r < c.rows; ++r) {
-    PrefetchRowsAhead(r, c.rows, out_row, pr.head_dim * elem, PrefetchTo::kL1ForWrite);
     const int64_t token = c.TokenOf(r);
     const int64_t head = c.HeadOf(r);
     const FinishedRow f = FinishRow(ws.m[r], ws.l[r], pr.sinks ? pr.sinks + head : nullptr,
@@ -429,7 +424,10 @@ void WriteRows(const TaskContext& c) {
     for (int64_t d = 0; d < ws.dim_pad; d += lanes) {
       hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), hn::Set(df, f.out_scale)), df, acc + d);
     }
-    StoreRow(pr.q_dtype, out_row(r), acc, pr.head_dim);
+    void* dst = static_cast<uint8_t*>(pr.out) +
+                (token * pr.out_token_stride + head * pr.out_head_stride) *
+                    static_cast<int64_t>(SizeOf(pr.q_dtype));
+    StoreRow(pr.q_dtype, dst, acc, pr.head_dim);
   }
 }
 

@@ -85,11 +85,7 @@ struct QueryRows {
 // address order (a task over every kv head, WalkTiles): 5-10% faster decode
 // on Zen 5, where L1 slowed the middle class and mixed steps by about as
 // much when it was used for every prefetch (docs/kernel_log.md).
-enum class PrefetchTo : uint8_t {
-  kL2,
-  kL1,
-  kL1ForWrite,  // A line about to be written (prefetchw): owned before the store.
-};
+enum class PrefetchTo : uint8_t { kL2, kL1 };
 
 // One kv head's K or V rows of a tile: row i is base[i] + offset bytes, so
 // one pointer table (of the task's first kv head) serves every kv head.
@@ -115,16 +111,12 @@ inline void PrefetchRow(const void* p, int64_t bytes, PrefetchTo to = PrefetchTo
 #if defined(__x86_64__)
     if (to == PrefetchTo::kL1) {
       __asm__ volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(line)));
-    } else if (to == PrefetchTo::kL1ForWrite) {
-      __asm__ volatile("prefetchw %0" : : "m"(*reinterpret_cast<const char*>(line)));
     } else {
       __asm__ volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(line)));
     }
 #else
     if (to == PrefetchTo::kL1) {
       __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
-    } else if (to == PrefetchTo::kL1ForWrite) {
-      __builtin_prefetch(reinterpret_cast<const void*>(line), 1, 3);
     } else {
       __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
     }
