@@ -231,6 +231,29 @@ void BM_Decode(benchmark::State& state) {
 }
 BENCHMARK(BM_Decode)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// Row c (2h: K of kv head h, 2h + 1: its V) of key t of decode sequence
+// `seq`, in the rotating copy at base: decode's cache (16 sequences x 1024
+// keys, 16-token pages in the batch's random order, 8 kv heads of 128 bf16).
+struct DecodeCacheRows {
+  static constexpr int64_t kSeqs = 16, kKvLen = 1024, kPageSize = 16, kKvHeads = 8;
+  static constexpr int64_t kRowBytes = 128 * 2, kTile = 32;
+  const testing::SyntheticBatch& batch;
+  const uint8_t* operator()(const uint8_t* base, int64_t seq, int64_t t, int64_t c) const {
+    const int64_t page = batch.page_indices[seq * batch.pages_per_seq + t / kPageSize];
+    return base + ((page * kPageSize + t % kPageSize) * 2 * kKvHeads + c) * kRowBytes;
+  }
+};
+
+// One load per cache line of the row at r (one cycle per line: the loads,
+// not an add chain, bound the loop).
+inline void ReadLines(const uint8_t* r, uint64_t* bits) {
+  for (int64_t b = 0; b < DecodeCacheRows::kRowBytes; b += 64) {
+    uint64_t x;
+    std::memcpy(&x, r + b, sizeof(x));
+    *bits ^= x;
+  }
+}
+
 // The memory side of BM_Decode alone: the same rows read in the kernel's
 // order (a sequence per task; 32-key tiles; per kv head the tile's K rows,
 // then its V rows: row c of a token, c = 2h for K and 2h + 1 for V, in order
@@ -240,44 +263,34 @@ BENCHMARK(BM_Decode)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecon
 // access pattern, whatever the kernel computes.
 void BM_DecodeMemoryOnly(benchmark::State& state) {
   const RotatingDecodeCache cache;
-  const testing::SyntheticBatch& batch = cache.batch;
-  const int64_t seqs = 16, kv_len = 1024, page_size = 16, kv_heads = 8, tile = 32;
-  const int64_t row_bytes = 128 * 2, pages_per_seq = batch.pages_per_seq;
-  // Row c (2h: K of kv head h, 2h + 1: its V) of key t of sequence `seq`.
-  auto row = [&](const uint8_t* base, int64_t seq, int64_t t, int64_t c) {
-    const int64_t page = batch.page_indices[seq * pages_per_seq + t / page_size];
-    return base + ((page * page_size + t % page_size) * 2 * kv_heads + c) * row_bytes;
-  };
+  const DecodeCacheRows row{cache.batch};
+  constexpr int64_t kTile = DecodeCacheRows::kTile, kRowsPerToken = 2 * DecodeCacheRows::kKvHeads;
   internal::ThreadPool& pool = internal::GlobalThreadPool();
-  std::vector<uint64_t> sums(seqs);
+  std::vector<uint64_t> sums(DecodeCacheRows::kSeqs);
   int copy = 0;
   for (auto _ : state) {
     const uint8_t* base = cache.Copy(copy);
     copy = (copy + 1) % cache.copies;
-    pool.ParallelFor(seqs, static_cast<int>(state.range(0)), [&](int64_t seq, int) {
+    pool.ParallelFor(DecodeCacheRows::kSeqs, static_cast<int>(state.range(0)), [&](int64_t seq, int) {
       uint64_t bits = 0;
-      for (int64_t t = 0; t < tile; ++t) {
-        for (int64_t c = 0; c < 2 * kv_heads; ++c) {
-          internal::PrefetchRow(row(base, seq, t, c), row_bytes, internal::PrefetchTo::kL1);
+      for (int64_t t = 0; t < kTile; ++t) {
+        for (int64_t c = 0; c < kRowsPerToken; ++c) {
+          internal::PrefetchRow(row(base, seq, t, c), DecodeCacheRows::kRowBytes,
+                                internal::PrefetchTo::kL1);
         }
       }
-      for (int64_t t0 = 0; t0 < kv_len; t0 += tile) {
-        const bool next = t0 + tile < kv_len;
-        for (int64_t c = 0; c < 2 * kv_heads; ++c) {
-          for (int64_t t = t0; t < t0 + tile; ++t) {
+      for (int64_t t0 = 0; t0 < DecodeCacheRows::kKvLen; t0 += kTile) {
+        const bool next = t0 + kTile < DecodeCacheRows::kKvLen;
+        for (int64_t c = 0; c < kRowsPerToken; ++c) {
+          for (int64_t t = t0; t < t0 + kTile; ++t) {
             // Visit (c, t) prefetches the next tile's row number c * tile + t
             // in address order: token by token, row by row.
-            const int64_t j = c * tile + (t - t0);
+            const int64_t j = c * kTile + (t - t0);
             if (next) {
-              internal::PrefetchRow(row(base, seq, t0 + tile + j / (2 * kv_heads), j % (2 * kv_heads)),
-                                    row_bytes, internal::PrefetchTo::kL1);
+              internal::PrefetchRow(row(base, seq, t0 + kTile + j / kRowsPerToken, j % kRowsPerToken),
+                                    DecodeCacheRows::kRowBytes, internal::PrefetchTo::kL1);
             }
-            const uint8_t* r = row(base, seq, t, c);
-            for (int64_t b = 0; b < row_bytes; b += 64) {
-              uint64_t x;
-              std::memcpy(&x, r + b, sizeof(x));
-              bits ^= x;  // One cycle per line: the loads, not an add chain, bound the loop.
-            }
+            ReadLines(row(base, seq, t, c), &bits);
           }
         }
       }
@@ -289,6 +302,49 @@ void BM_DecodeMemoryOnly(benchmark::State& state) {
       benchmark::Counter(kDecodeKvBytes * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_DecodeMemoryOnly)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// What one core can stream of decode's cache with nothing else in the way:
+// every row in address order (token by token, each 4 KiB token row whole),
+// one load per line; range(1) 1: each row read also prefetches (prefetcht0)
+// the row a tile (32 tokens) ahead, as the kernel's walk does; 0: the
+// hardware prefetchers alone. The ceiling of any kernel that reads this
+// layout so (docs/kernel_log.md, thirteenth session: software prefetches
+// hold the fill buffers at 25-27 GB/s on a Zen 5 core, below the bench's
+// sequential read probe).
+void BM_DecodeWalk(benchmark::State& state) {
+  const RotatingDecodeCache cache;
+  const DecodeCacheRows row{cache.batch};
+  constexpr int64_t kAhead = DecodeCacheRows::kTile, kRowsPerToken = 2 * DecodeCacheRows::kKvHeads;
+  const bool prefetch = state.range(1) != 0;
+  internal::ThreadPool& pool = internal::GlobalThreadPool();
+  std::vector<uint64_t> sums(DecodeCacheRows::kSeqs);
+  int copy = 0;
+  for (auto _ : state) {
+    const uint8_t* base = cache.Copy(copy);
+    copy = (copy + 1) % cache.copies;
+    pool.ParallelFor(DecodeCacheRows::kSeqs, static_cast<int>(state.range(0)), [&](int64_t seq, int) {
+      uint64_t bits = 0;
+      for (int64_t t = 0; t < DecodeCacheRows::kKvLen; ++t) {
+        for (int64_t c = 0; c < kRowsPerToken; ++c) {
+          if (prefetch && t + kAhead < DecodeCacheRows::kKvLen) {
+            internal::PrefetchRow(row(base, seq, t + kAhead, c), DecodeCacheRows::kRowBytes,
+                                  internal::PrefetchTo::kL1);
+          }
+          ReadLines(row(base, seq, t, c), &bits);
+        }
+      }
+      sums[seq] = bits;
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.counters["KV_bytes/s"] =
+      benchmark::Counter(kDecodeKvBytes * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_DecodeWalk)
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // The decode call with every page index 0: K/V stay in the core's caches, so
 // this times the kernel's arithmetic and bookkeeping without memory.
