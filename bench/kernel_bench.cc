@@ -188,7 +188,8 @@ constexpr double kDecodeFlops = 16.0 * 1024 * 32 * 4 * 128;
 // up to 512 MiB, so that successive calls, rotating through the copies,
 // read K/V from memory.
 struct RotatingDecodeCache {
-  RotatingDecodeCache() : batch(DecodeBatch()), bytes(batch.kv_pages.size()),
+  explicit RotatingDecodeCache(int64_t q_heads_per_kv_head = 4)
+      : batch(DecodeBatch(q_heads_per_kv_head)), bytes(batch.kv_pages.size()),
                           copies(static_cast<int>((size_t{512} << 20) / bytes + 1)),
                           pages(bytes * copies) {
     for (int c = 0; c < copies; ++c) {
@@ -205,9 +206,11 @@ struct RotatingDecodeCache {
   testing::HugeBuffer pages;
 };
 
-// Whole decode calls on the rotating copies; range(0) threads.
+// Whole decode calls on the rotating copies; range(0) threads, range(1) q
+// heads per kv head (4: decode's shape; 8 as Llama-3-70B: two fused groups
+// per kv head).
 void BM_Decode(benchmark::State& state) {
-  const RotatingDecodeCache cache;
+  const RotatingDecodeCache cache(state.range(1));
   const testing::SyntheticBatch& batch = cache.batch;
   const TensorView kv = batch.KvPages();
   std::vector<uint8_t> out = batch.NewOutput();
@@ -226,10 +229,16 @@ void BM_Decode(benchmark::State& state) {
   }
   state.counters["KV_bytes/s"] =
       benchmark::Counter(kDecodeKvBytes * state.iterations(), benchmark::Counter::kIsRate);
-  state.counters["FLOP/s"] =
-      benchmark::Counter(kDecodeFlops * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] = benchmark::Counter(
+      kDecodeFlops * static_cast<double>(state.range(1)) / 4 * state.iterations(),
+      benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_Decode)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode)
+    ->Args({1, 4})
+    ->Args({2, 4})
+    ->Args({1, 8})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // Row c (2h: K of kv head h, 2h + 1: its V) of key t of decode sequence
 // `seq`, in the rotating copy at base: decode's cache (16 sequences x 1024

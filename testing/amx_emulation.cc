@@ -44,11 +44,8 @@ struct EmulatedTiles {
 // needs the tiles not emulated, so the two never meet one call.
 const internal::KernelRecord kEmulatedRecord = {
     "amx_prefill (emulated)", "testing/amx_emulation.cc",
-    {internal::DTypeBits({DType::kBF16}),
-     internal::DTypeBits({DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}),
-     internal::ClassBits({internal::TaskClass::kPrefill}), true,
-     [](const internal::CpuFeatures& f) { return f.amx_emulated; }},
-    internal::AmxPrefillOn<EmulatedTiles>, nullptr, /*measured=*/false};
+    internal::AmxPrefillNeeds([](const internal::CpuFeatures& f) { return f.amx_emulated; }),
+    internal::AmxPrefillOn<EmulatedTiles>};
 
 }  // namespace
 

@@ -346,12 +346,15 @@ INSTANTIATE_TEST_SUITE_P(Targets, KernelTargetTest,
                            return std::string(hwy::TargetName(param.param));
                          });
 
-// The features of a CPU whose vdpbf16ps is slow (the Intel machines): the
-// widening path and highway_packed, where dispatch would otherwise choose
-// the bf16-pair kernels.
+// The features of a CPU whose vdpbf16ps is slow, without AMX (the Intel
+// machines with RPA_AMX=0, or before Sapphire Rapids): the widening path and
+// highway_packed, where dispatch would otherwise choose the bf16-pair
+// kernels or amx_prefill, and each kv head prefetching its own rows.
 CpuFeatures SlowBf16Dot() {
   CpuFeatures f = kAllCpuFeatures;
   f.fast_bf16_dot = false;
+  f.prefetch_in_address_order = false;
+  f.amx_bf16 = false;
   return f;
 }
 
@@ -399,11 +402,14 @@ TEST(KernelAmxTest, PrefillGridMatchesReference) {
   CheckBf16PrefillGrid(83);
 }
 
-// The AVX-512 BF16 packed prefill kernel, where dispatch chooses it.
+// The AVX-512 BF16 packed prefill kernel, where dispatch chooses it (AMD's
+// rules, forced on other CPUs with AVX-512 BF16; AMX hidden).
 TEST(KernelBf16PackedTest, PrefillGridMatchesReference) {
-  if (!DetectedCpuFeatures().fast_bf16_dot) {
-    GTEST_SKIP() << "dispatch chooses avx512_bf16_packed only where vdpbf16ps runs at full rate";
-  }
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  ScopedVendorRules amd(/*amd=*/true);
+  CpuFeatures no_amx = kAllCpuFeatures;
+  no_amx.amx_bf16 = false;
+  ScopedCpuFeatureMask mask(no_amx);
   CheckBf16PrefillGrid(84);
 }
 
@@ -450,14 +456,36 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
 // the middle class (1-8 q heads x up to 8 queries), fused and unfused tiles
 // (soft caps, windows, groups of 1-2 rows), every option of the grid.
 TEST(KernelBf16RowsTest, DecodeGridMatchesReference) {
-  if (!DetectedCpuFeatures().fast_bf16_dot) {
-    GTEST_SKIP() << "dispatch chooses avx512_bf16_rows only where vdpbf16ps runs at full rate";
-  }
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  // AMD's rules (the bf16-pair kernels, prefetches in address order) on any
+  // CPU with AVX-512 BF16; AMX hidden (it would take the middle class).
+  ScopedVendorRules amd(/*amd=*/true);
+  CpuFeatures no_amx = kAllCpuFeatures;
+  no_amx.amx_bf16 = false;
   for (int queries_scale : {1, 4}) {
     CheckDecodeGrid(85 + queries_scale,
                     {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}, queries_scale,
-                    /*bf16_q=*/true, kAllCpuFeatures, kAllCpuFeatures);
+                    /*bf16_q=*/true, no_amx, no_amx);
   }
+}
+
+// amx_prefill on the hardware's tiles, where dispatch chooses it: the
+// prefill grid, and decode and middle-class batches (4-8 queries x 1-8 q
+// heads per kv head: the middle class runs on the tiles from 9 rows).
+TEST(KernelAmxTest, HardwareGridsMatchReference) {
+  if (!DetectedCpuFeatures().amx_bf16) GTEST_SKIP() << "AMX: " << AmxDetection();
+  CheckBf16PrefillGrid(87);
+  CheckDecodeGrid(88, {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}, 4,
+                  /*bf16_q=*/true, kAllCpuFeatures, kAllCpuFeatures);
+}
+
+// The middle class on the tile model: bf16 q over K/V the tiles take
+// exactly, 4-8 queries x 1-8 q heads per kv head.
+TEST(KernelAmxTest, MiddleGridMatchesReference) {
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "the tile model needs AVX-512 BF16";
+  testing::ScopedAmxEmulation emulate;
+  CheckDecodeGrid(89, {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}, 4,
+                  /*bf16_q=*/true, kAllCpuFeatures, kAllCpuFeatures);
 }
 
 TEST(KernelTileTest, QIndexIsAPermutation) {
@@ -957,7 +985,12 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   EXPECT_EQ(report(DType::kI8, middle, false), "middle: highway_rows");
   EXPECT_EQ(report(DType::kF16, prefill, false), "prefill: highway_packed");
   EXPECT_EQ(report(DType::kF32, middle, false), "middle: highway_rows");
-  if (DetectedCpuFeatures().fast_bf16_dot) {
+  if (DetectedCpuFeatures().avx512bf16) {
+    // AMD's rules, on any CPU with AVX-512 BF16; AMX hidden.
+    ScopedVendorRules amd(/*amd=*/true);
+    CpuFeatures no_amx = kAllCpuFeatures;
+    no_amx.amx_bf16 = false;
+    ScopedCpuFeatureMask hide_amx(no_amx);
     EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16), "prefill: avx512_bf16_packed");
     EXPECT_EQ(report(DType::kF8E5M2, prefill, true, DType::kBF16), "prefill: avx512_bf16_packed");
     EXPECT_EQ(report(DType::kBF16, decode, false, DType::kBF16),
@@ -1199,6 +1232,61 @@ TEST(KernelTest, QueryWithoutKeysIsZero) {
   ComputeAttention(p);
   for (float x : out) EXPECT_EQ(x, 0.0f);
 }
+
+// bf16 K/V decode with a NaN or an infinite K element mid-tile (key 45:
+// tile 32-63): the fused tile declines there and the products take the rest
+// of the tile, so the head's rows are NaN (or what the infinity gives) like
+// the reference's, and the other heads' rows are as without it. 3, 4 and 8
+// q heads per kv head (8: two fused groups per head), a tile ending mid-way
+// (kv_len 70), 1-3 threads (split-KV merges).
+TEST(KernelTest, DecodeDeclinesMidTileLikeTheReference) {
+  for (const int64_t group : {int64_t{3}, int64_t{4}, int64_t{8}}) {
+    for (const float bad : {NAN, INFINITY, -INFINITY}) {
+      for (int threads = 1; threads <= 3; ++threads) {
+        Case c = Fixed({{1, 70}, {1, 37}, {1, 5}}, DType::kBF16, threads);
+        c.spec.q_dtype = DType::kBF16;
+        c.spec.num_kv_heads = 4;
+        c.spec.num_q_heads = 4 * group;
+        c.spec.head_dim = 64;
+        c.spec.page_size = 16;
+        c.lse = true;
+        SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
+        // Key 45 of sequence 0, kv head 2, dim 3.
+        const int64_t page = b.page_indices[45 / 16];
+        const int64_t element =
+            ((page * 16 + 45 % 16) * 2 * c.spec.num_kv_heads + 2 * 2) * c.spec.head_dim + 3;
+        StoreFromF32(DType::kBF16, b.kv_pages.data(), element, bad);
+        const Outputs fast = RunCase(c, b, true), ref = RunCase(c, b, false);
+        const int64_t count = b.num_tokens * c.spec.num_q_heads * c.spec.head_dim;
+        int reported = 0;
+        for (int64_t i = 0; i < count && reported < 3; ++i) {
+          const double got = LoadAsF32(DType::kBF16, fast.out.data(), i);
+          const double want = LoadAsF32(DType::kBF16, ref.out.data(), i);
+          const bool same = std::isnan(want) ? std::isnan(got)
+                            : std::isinf(want) ? got == want
+                                               : std::fabs(got - want) <= Tolerance(c, want);
+          if (!same) {
+            ADD_FAILURE() << c.Name() << " bad " << bad << "\n  element " << i << ": got " << got
+                          << " want " << want;
+            ++reported;
+          }
+        }
+        for (size_t i = 0; i < ref.lse.size() && reported < 3; ++i) {
+          const float got = fast.lse[i], want = ref.lse[i];
+          const bool same = std::isnan(want) ? std::isnan(got)
+                            : std::isinf(want) ? got == want
+                                               : std::fabs(got - want) <= LseTolerance(c, want);
+          if (!same) {
+            ADD_FAILURE() << c.Name() << " bad " << bad << "\n  lse " << i << ": got " << got
+                          << " want " << want;
+            ++reported;
+          }
+        }
+      }
+    }
+  }
+}
+
 
 // Every visible logit -inf under mask_value -inf, or every logit -inf under
 // an additive mask: the reference's row is exp(-inf - -inf) = NaN (fuzz

@@ -193,6 +193,14 @@ TEST(MlaTest, MatchesTheFloat64ReferenceOverTheGrid) {
     MlaPlan plan;
     plan.Plan(b.Shape(), b.PageTable(), options);
     ExpectNear(b, RunPlanned(plan, b), want, Describe(c) + " [" + plan.DescribeKernels() + "]");
+    if (internal::DetectedCpuFeatures().avx512bf16) {
+      // AMD's rules (the bf16-pair kernel for bf16 q) on any CPU with AVX-512 BF16.
+      const internal::ScopedVendorRules amd(/*amd=*/true);
+      MlaPlan pairs;
+      pairs.Plan(b.Shape(), b.PageTable(), options);
+      ExpectNear(b, RunPlanned(pairs, b), want,
+                 Describe(c) + " [AMD's rules: " + pairs.DescribeKernels() + "]");
+    }
     // The portable kernel on the same case.
     const internal::ScopedCpuFeatureMask portable(internal::kNoCpuFeatures);
     MlaPlan fallback;

@@ -18,9 +18,9 @@
 // TileScratch::packed (one after the other: PV packs V over the logits' K);
 // the bf16 weights overwrite their own f32 logits row by row.
 //
-// Dispatch chooses it for the prefill class (>= kPackedMinRows rows per kv
-// head) with bf16 q where the CPU has AMX and RPA_AMX=1 (dispatch.h: not
-// yet measured on AMX hardware), and its twin on the scalar tile model
+// Dispatch chooses it for the middle and prefill classes (> kDecodeMaxRows
+// rows per kv head) with bf16 q where the CPU has AMX (unless RPA_AMX=0),
+// and its twin on the scalar tile model
 // (testing/amx_emulation.h) under a test's ScopedAmxEmulation. x86-64 only.
 #ifndef RPA_SRC_KERNEL_AMX_PREFILL_H_
 #define RPA_SRC_KERNEL_AMX_PREFILL_H_

@@ -54,6 +54,12 @@ std::string AmxFailure(bool avx512bf16) {
   return "";
 }
 
+bool IsAmd() {
+  unsigned eax = 0, vendor[3] = {0, 0, 0};
+  __cpuid(0, eax, vendor[0], vendor[2], vendor[1]);  // EBX, EDX, ECX spell the vendor.
+  return std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+}
+
 // The AVX-512 features (and the vendor rule for the bf16 dot product); none
 // where the CPU or the OS (XCR0) lacks the zmm state.
 CpuFeatures DetectAvx512() {
@@ -72,9 +78,7 @@ CpuFeatures DetectAvx512() {
   f.avx512fp16 = f.avx512bw && ((edx >> 23) & 1);
   __cpuid_count(7, 1, eax, ebx, ecx, edx);
   f.avx512bf16 = f.avx512bw && ((eax >> 5) & 1);
-  unsigned vendor[3] = {0, 0, 0};
-  __cpuid(0, eax, vendor[0], vendor[2], vendor[1]);  // EBX, EDX, ECX spell the vendor.
-  f.fast_bf16_dot = f.avx512bf16 && std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+  f.fast_bf16_dot = f.avx512bf16 && IsAmd();
   return f;
 }
 
@@ -82,11 +86,18 @@ CpuFeatures DetectAvx512() {
 // AVX-512 gets a reason too: AmxFailure names what it lacks).
 CpuFeatures Detect(std::string* amx_reason) {
   CpuFeatures f = DetectAvx512();
+  f.prefetch_in_address_order = IsAmd();
+  // RPA_AMX=0: the user turns the AMX kernels off (to compare, or to keep
+  // this process's threads free of the 8 KiB tile state); nothing is
+  // requested from the OS then.
+  const char* setting = std::getenv("RPA_AMX");
+  if (setting != nullptr && std::strcmp(setting, "0") == 0) {
+    *amx_reason = "turned off by RPA_AMX=0";
+    return f;
+  }
   const std::string amx = AmxFailure(f.avx512bf16);
   f.amx_bf16 = amx.empty();
   *amx_reason = f.amx_bf16 ? "AMX bf16 tiles usable" : amx;
-  const char* opt_in = std::getenv("RPA_AMX");
-  f.amx_opted_in = f.amx_bf16 && opt_in != nullptr && std::strcmp(opt_in, "1") == 0;
   return f;
 }
 #else
@@ -112,6 +123,8 @@ const Detection& Detected() {
 
 thread_local CpuFeatures t_allowed = kAllCpuFeatures;
 thread_local bool t_amx_emulated = false;
+// ScopedVendorRules: -1 the CPU's own rules, 0 the non-AMD ones, 1 AMD's.
+thread_local int t_vendor_amd = -1;
 
 }  // namespace
 
@@ -184,6 +197,10 @@ const std::string& AmxDetection() { return Detected().amx_reason; }
 CpuFeatures UsableCpuFeatures() {
   CpuFeatures f = DetectedCpuFeatures();
   if (t_amx_emulated && f.avx512bf16) f.amx_bf16 = f.amx_emulated = true;
+  if (t_vendor_amd >= 0) {
+    f.fast_bf16_dot = t_vendor_amd == 1 && f.avx512bf16;
+    f.prefetch_in_address_order = t_vendor_amd == 1;
+  }
   f = f & t_allowed;
   // A mask that hides a feature hides what builds on it (so no mask can
   // leave a kernel dispatched without its instructions).
@@ -192,7 +209,6 @@ CpuFeatures UsableCpuFeatures() {
   f.fast_bf16_dot = f.fast_bf16_dot && f.avx512bf16;
   f.amx_bf16 = f.amx_bf16 && f.avx512bf16;
   f.amx_emulated = f.amx_emulated && f.amx_bf16;
-  f.amx_opted_in = f.amx_opted_in && f.amx_bf16;
   return f;
 }
 
@@ -203,5 +219,9 @@ ScopedCpuFeatureMask::ScopedCpuFeatureMask(const CpuFeatures& allowed) : saved_(
 }
 
 ScopedCpuFeatureMask::~ScopedCpuFeatureMask() { t_allowed = saved_; }
+
+ScopedVendorRules::ScopedVendorRules(bool amd) : saved_(std::exchange(t_vendor_amd, amd ? 1 : 0)) {}
+
+ScopedVendorRules::~ScopedVendorRules() { t_vendor_amd = saved_; }
 
 }  // namespace rpa::internal

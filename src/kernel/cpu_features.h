@@ -26,21 +26,27 @@ struct CpuFeatures {
   bool fast_bf16_dot = false;
   // Intel AMX bf16 tiles: CPUID amx-tile and amx-bf16 (with AVX-512 BF16),
   // tile state enabled in XCR0, and Linux's permission to use it granted
-  // to this process (one arch_prctl(ARCH_REQ_XCOMP_PERM) on detection).
+  // to this process (one arch_prctl(ARCH_REQ_XCOMP_PERM) on detection),
+  // unless RPA_AMX=0 turns it off.
   bool amx_bf16 = false;
+  // Decode's next-tile prefetches go in address order into L1: a token's
+  // rows of every kv head together, dealt out to the passes
+  // (next_tile_rows.h), where the hardware then streams them (AMD: one Zen 5
+  // core read 27-28 GB/s that way against 16-18 per head). Without it each
+  // kv head's pass prefetches its own rows into L2: on Intel Sapphire
+  // Rapids that order is the faster (decode 1.25-1.33x, docs/kernel_log.md
+  // 2026-12-06). A vendor rule, as fast_bf16_dot's.
+  bool prefetch_in_address_order = false;
   // Tests only: the AMX kernel's scalar tile model stands in for the tiles
   // (testing/amx_emulation.h), so its whole path runs where AMX is absent.
   bool amx_emulated = false;
-  // RPA_AMX=1 in the environment: the AMX kernels are dispatched only when
-  // asked for until they are measured on AMX hardware.
-  bool amx_opted_in = false;
 
   // The features both masks have.
   CpuFeatures operator&(const CpuFeatures& o) const {
     return {avx512bw && o.avx512bw,         avx512fp16 && o.avx512fp16,
             avx512bf16 && o.avx512bf16,     fast_bf16_dot && o.fast_bf16_dot,
-            amx_bf16 && o.amx_bf16,         amx_emulated && o.amx_emulated,
-            amx_opted_in && o.amx_opted_in};
+            amx_bf16 && o.amx_bf16,         prefetch_in_address_order && o.prefetch_in_address_order,
+            amx_emulated && o.amx_emulated};
   }
   // E.g. "avx512bw avx512fp16 avx512bf16", or "none".
   std::string ToString() const;
@@ -73,6 +79,23 @@ class ScopedCpuFeatureMask {
 
  private:
   CpuFeatures saved_;
+};
+
+// Tests only: the vendor rules (fast_bf16_dot, prefetch_in_address_order)
+// as on AMD's CPUs (amd true) or on the others', for this object's
+// lifetime on the constructing thread. Both rules choose between
+// instructions this CPU has (fast_bf16_dot still needs AVX-512 BF16), for
+// speed, so the paths they pick run on any machine; a mask still hides
+// them.
+class ScopedVendorRules {
+ public:
+  explicit ScopedVendorRules(bool amd);
+  ~ScopedVendorRules();
+  ScopedVendorRules(const ScopedVendorRules&) = delete;
+  ScopedVendorRules& operator=(const ScopedVendorRules&) = delete;
+
+ private:
+  int saved_;
 };
 
 // Tests only (testing/amx_emulation.h's ScopedAmxEmulation): whether this

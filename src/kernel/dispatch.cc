@@ -29,6 +29,7 @@ std::string TaskKernels::Describe() const {
 
 KernelChoice ChooseKernels(const AttentionProblem& problem, const CpuFeatures& cpu) {
   KernelChoice choice;
+  choice.prefetch_in_address_order = cpu.prefetch_in_address_order;
   for (int c = 0; c < kNumTaskClasses; ++c) {
     const TaskClass task_class = static_cast<TaskClass>(c);
     TaskKernels& k = choice.classes[c];
@@ -103,10 +104,9 @@ std::string DescribeDispatch(DType kv_dtype) {
   const CpuFeatures cpu = UsableCpuFeatures();
   const ChoicePair choice(DType::kBF16, kv_dtype, cpu);
   std::string s = "cpu features: " + cpu.ToString() + "; highway: " + HighwayTarget() +
-                  "; amx: " + AmxDetection() +
-                  (cpu.amx_bf16 && !cpu.amx_emulated && !cpu.amx_opted_in
-                       ? " (not dispatched: set RPA_AMX=1, not yet measured on AMX hardware)"
-                       : "") +
+                  "; amx: " + AmxDetection() + "; next tile prefetched " +
+                  (cpu.prefetch_in_address_order ? "in address order into L1"
+                                                 : "per kv head into L2") +
                   "\n";
   for (int c = 0; c < kNumTaskClasses; ++c) {
     const auto task_class = static_cast<TaskClass>(c);
@@ -124,14 +124,10 @@ std::string DispatchTable() {
   const Column columns[] = {
       {"AVX-512 BF16, fast dot (AMD Zen 4)",
        {.avx512bw = true, .avx512bf16 = true, .fast_bf16_dot = true}},
-      {"AVX-512 BF16 + FP16 (Intel Sapphire Rapids)",
+      {"AVX-512 BF16 + FP16 + AMX (Intel Sapphire Rapids)",
        {.avx512bw = true, .avx512fp16 = true, .avx512bf16 = true, .amx_bf16 = true}},
-      {"the same, RPA_AMX=1",
-       {.avx512bw = true,
-        .avx512fp16 = true,
-        .avx512bf16 = true,
-        .amx_bf16 = true,
-        .amx_opted_in = true}},
+      {"the same without AMX (or RPA_AMX=0)",
+       {.avx512bw = true, .avx512fp16 = true, .avx512bf16 = true}},
       {"AVX-512 BW", {.avx512bw = true}},
       {"no AVX-512 (Highway: AVX2, SSE4, NEON, ...)", {}},
   };

@@ -8,10 +8,10 @@
 // the committed copy differs. "fast dot": vdpbf16ps issues as often as the
 // f32 FMA (CpuFeatures::fast_bf16_dot, AMD's AVX-512 BF16); the bf16 kernels
 // take bf16 q only (they take their operands exactly in bf16). With AMX
-// (CpuFeatures::amx_bf16) opted in by RPA_AMX=1, bf16 q and bf16/fp8/int8
-// K/V, the prefill row is amx_prefill (not yet measured on AMX hardware:
-// tested on its scalar tile model, testing/amx_emulation.h, whose record
-// only a test installs). Experimental, in no row: the AMX decode variant,
+// (CpuFeatures::amx_bf16; RPA_AMX=0 turns it off), bf16 q and
+// bf16/fp8/int8 K/V, the middle and prefill rows are amx_prefill (its
+// scalar tile model, testing/amx_emulation.h, has a record only a test
+// installs). Experimental, in no row: the AMX decode variant,
 // PV from f32 weights and the hi + lo logits (testing/amx_experimental.h).
 //
 // "a > b" is a fused tile a, falling back to b on a tile it declines (or on
@@ -44,6 +44,9 @@ struct TaskKernels {
 
 struct KernelChoice {
   TaskKernels classes[kNumTaskClasses];
+  // Where a task over several kv heads prefetches the next tile's rows
+  // (CpuFeatures::prefetch_in_address_order, next_tile_rows.h).
+  bool prefetch_in_address_order = false;
   const TaskKernels& For(TaskClass c) const { return classes[static_cast<int>(c)]; }
 };
 

@@ -36,6 +36,16 @@ const ProductKernel* HighwayPacked(DType kv_dtype) {
   return HighwayKernelsForCpu(kv_dtype).packed;
 }
 
+}  // namespace
+
+#if defined(__x86_64__)
+KernelNeeds AmxPrefillNeeds(bool (*cpu)(const CpuFeatures&)) {
+  return {kBf16Q, kBf16ExactKv, ClassBits({kMiddle, kPrefill}), true, cpu};
+}
+#endif
+
+namespace {
+
 // Why this order: docs/kernel.md, Dispatch. Slot 0 is a test's record
 // (InstallTestKernelRecord), empty until one is installed.
 KernelRecord g_records[] = {
@@ -43,9 +53,8 @@ KernelRecord g_records[] = {
 #if defined(__x86_64__)
     // ---- Products.
     {"amx_prefill", "amx_prefill.cc",
-     {kBf16Q, kBf16ExactKv, kPrefillClass, true,
-      [](const CpuFeatures& f) { return f.amx_bf16 && !f.amx_emulated && f.amx_opted_in; }},
-     AmxPrefill, nullptr, /*measured=*/false},
+     AmxPrefillNeeds([](const CpuFeatures& f) { return f.amx_bf16 && !f.amx_emulated; }),
+     AmxPrefill},
     {"avx512_bf16_packed", "avx512_bf16_packed.cc",
      {kBf16Q, kBf16ExactKv, kPrefillClass, true,
       [](const CpuFeatures& f) { return f.fast_bf16_dot; }},

@@ -50,10 +50,14 @@ struct KernelRecord {
   // needs.kv_dtypes (dispatch resolves it once per plan).
   const ProductKernel* (*products)(DType kv_dtype) = nullptr;
   const FusedTileKernel* (*fused)(DType kv_dtype) = nullptr;
-  // Whether dispatch chooses it by default; false: only when the CPU
-  // features say it was asked for (e.g. AMX behind RPA_AMX=1), see `cpu`.
-  bool measured = true;
 };
+
+// amx_prefill's needs, with the CPU test given: bf16 q, K/V whose values
+// are bf16 (bf16, fp8, int8), the middle and prefill classes (from 9 rows
+// per kv head, packing K and V once per tile pays on AMX: docs/kernel.md),
+// soft caps and ALiBi too. One definition for the hardware's record and its
+// scalar tile model's (testing/amx_emulation.cc).
+KernelNeeds AmxPrefillNeeds(bool (*cpu)(const CpuFeatures&));
 
 // Every kernel of this build (the AVX-512 ones only on x86-64), products
 // and fused tiles, in the order dispatch tries them: for each class of

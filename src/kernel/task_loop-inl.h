@@ -86,6 +86,7 @@ struct TaskContext {
   const AttentionProblem* pr = nullptr;
   const KernelTask* task = nullptr;
   const TaskKernels* kernels = nullptr;
+  bool prefetch_in_address_order = false;  // KernelChoice's.
   const WorkerScratch* ws = nullptr;
   int64_t group = 0;          // q heads per kv head.
   int64_t heads = 0;          // kv heads of the task.
@@ -147,6 +148,7 @@ TaskContext MakeContext(const AttentionProblem& pr, const KernelTask& task,
   c.rows_per_head = (task.q_end - task.q_begin) * c.group;
   c.rows = c.rows_per_head * c.heads;
   c.kernels = &run.kernels->For(ClassOfRows(c.rows_per_head));
+  c.prefetch_in_address_order = run.kernels->prefetch_in_address_order;
   c.q_start = pr.cu_q_lens[task.seq];
   const int64_t q_len = pr.cu_q_lens[task.seq + 1] - c.q_start;
   c.kv_len = pr.kv_lens[task.seq];
@@ -328,7 +330,8 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
   const bool fusable = c.kernels->fused[0] != nullptr;
   NextTileRows ahead;
   ahead.rows = ws.next_rows;
-  ahead.address_order = c.heads > 1 && TokenRowsTogether(pr.k, pr.v);
+  ahead.address_order =
+      c.prefetch_in_address_order && c.heads > 1 && TokenRowsTogether(pr.k, pr.v);
   auto slot_base = [&](const uint8_t** base, int64_t tile_index) {
     return base + (tile_index % kTileRowSlots) * ws.token_pad;
   };
