@@ -194,8 +194,12 @@ TEST(MlaTest, MatchesTheFloat64ReferenceOverTheGrid) {
     plan.Plan(b.Shape(), b.PageTable(), options);
     ExpectNear(b, RunPlanned(plan, b), want, Describe(c) + " [" + plan.DescribeKernels() + "]");
     if (internal::DetectedCpuFeatures().avx512bf16) {
-      // AMD's rules (the bf16-pair kernel for bf16 q) on any CPU with AVX-512 BF16.
+      // AMD's rules (the bf16-pair kernel for bf16 q) on any CPU with
+      // AVX-512 BF16, AMX hidden.
       const internal::ScopedVendorRules amd(/*amd=*/true);
+      internal::CpuFeatures no_amx = internal::kAllCpuFeatures;
+      no_amx.amx_bf16 = false;
+      const internal::ScopedCpuFeatureMask hide_amx(no_amx);
       MlaPlan pairs;
       pairs.Plan(b.Shape(), b.PageTable(), options);
       ExpectNear(b, RunPlanned(pairs, b), want,
@@ -218,13 +222,16 @@ MlaBatchSpec DeepSeekDecode(int64_t heads, DType kv_dtype) {
   return spec;
 }
 
-TEST(MlaTest, DispatchesTheBf16PairKernelWhereVdpbf16psIsFast) {
+// bf16 q over bf16 latents: AMX's tiles where the CPU has them, else the
+// bf16-pair kernel where vdpbf16ps is fast, else the portable one.
+TEST(MlaTest, DispatchesTheBf16KernelsWhereTheyAreFast) {
   const MlaBatch b = MakeMlaBatch(DeepSeekDecode(16, DType::kBF16));
   MlaPlan plan;
   plan.Plan(b.Shape(), b.PageTable(), OptionsFor(b, true, 1));
   const internal::CpuFeatures& cpu = internal::UsableCpuFeatures();
-  const std::string expected =
-      cpu.avx512bf16 && cpu.fast_bf16_dot ? "mla_avx512_bf16_pairs" : "mla_highway_f32";
+  const std::string expected = cpu.amx_bf16                        ? "mla_amx"
+                               : cpu.avx512bf16 && cpu.fast_bf16_dot ? "mla_avx512_bf16_pairs"
+                                                                    : "mla_highway_f32";
   EXPECT_EQ(plan.DescribeKernels().rfind(expected, 0), 0u) << plan.DescribeKernels();
   // f16 latents are exact in f32, not in bf16: the portable kernel.
   MlaBatchSpec f16 = DeepSeekDecode(16, DType::kF16);

@@ -28,6 +28,7 @@
 #include <cstring>
 
 #include "kernel/avx512_common.h"
+#include "mla/mla_bf16_operands.h"
 
 #define RPA_MLA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -162,13 +163,7 @@ RPA_MLA_BF16_TARGET void PairsPrepareQ(const MlaKernelArgs& args) {
     }
     return;
   }
-  for (int64_t p = 0; p < dim_qk / 2; ++p) {
-    for (int64_t r = 0; r < args.rows_pad; r += 16) {
-      const __m512i v = InterleavePairs(_mm512_loadu_ps(s.qt + 2 * p * args.rows_pad + r),
-                                        _mm512_loadu_ps(s.qt + (2 * p + 1) * args.rows_pad + r));
-      _mm512_storeu_si512(s.q_pairs + (p * args.rows_pad + r) * 2, v);
-    }
-  }
+  MlaQPairs(args, args.rows_pad);
 }
 
 // acc[4 k + r] += the vdpbf16ps of keys' and rows' `dims` dims (32 at a
@@ -236,22 +231,10 @@ RPA_MLA_BF16_TARGET void E4m3RowToBf16(const uint8_t* src, int64_t count, const 
 }
 
 // bf16 rows are read in place; fp8 e4m3fn rows become bf16 rows [n][dim_qk]
-// in the tile scratch (the row pointers then point there).
+// in the tile scratch.
 RPA_MLA_BF16_TARGET MlaTile PairsPrepareTile(const MlaKernelArgs& args, const MlaTile& rows) {
   if (rows.dtype == DType::kBF16) return rows;
-  const MlaScratch& s = *args.scratch;
-  const int64_t dim_qk = args.dim_ckv + args.dim_kpe;
-  const avx512::Fp8Lut lut = avx512::LoadLut(avx512::Fp8TableOf(DType::kF8E4M3FN, false));
-  uint16_t* tile = static_cast<uint16_t*>(s.tile);
-  for (int64_t i = 0; i < rows.n; ++i) {
-    uint16_t* row = tile + i * dim_qk;
-    E4m3RowToBf16(static_cast<const uint8_t*>(rows.ckv[i]), args.dim_ckv, lut, row);
-    E4m3RowToBf16(static_cast<const uint8_t*>(rows.kpe[i]), args.dim_kpe, lut,
-                  row + args.dim_ckv);
-    s.ckv_rows[i] = row;
-    s.kpe_rows[i] = row + args.dim_ckv;
-  }
-  return MlaTile{DType::kBF16, rows.n, s.ckv_rows, s.kpe_rows};
+  return MlaTileAsBf16Rows(args, rows, args.dim_ckv + args.dim_kpe, rows.n);
 }
 
 RPA_MLA_BF16_TARGET void PairsLogits(const MlaKernelArgs& args, const MlaTile& tile) {
@@ -329,6 +312,47 @@ RPA_MLA_BF16_TARGET void PairsPv(const MlaKernelArgs& args, const MlaTile& tile)
 }
 
 }  // namespace
+
+RPA_MLA_BF16_TARGET void MlaQPairs(const MlaKernelArgs& args, int64_t row_stride) {
+  const MlaScratch& s = *args.scratch;
+  const int64_t dim_qk = args.dim_ckv + args.dim_kpe;  // Even: multiples of 16.
+  for (int64_t p = 0; p < dim_qk / 2; ++p) {
+    uint16_t* out = s.q_pairs + p * row_stride * 2;
+    for (int64_t r = 0; r < args.rows_pad; r += 16) {
+      const __m512i v = InterleavePairs(_mm512_loadu_ps(s.qt + 2 * p * args.rows_pad + r),
+                                        _mm512_loadu_ps(s.qt + (2 * p + 1) * args.rows_pad + r));
+      _mm512_storeu_si512(out + r * 2, v);
+    }
+    std::memset(out + args.rows_pad * 2, 0, sizeof(uint16_t) * 2 * (row_stride - args.rows_pad));
+  }
+}
+
+RPA_MLA_BF16_TARGET MlaTile MlaTileAsBf16Rows(const MlaKernelArgs& args, const MlaTile& rows,
+                                              int64_t row_stride, int64_t padded_n) {
+  const MlaScratch& s = *args.scratch;
+  const int64_t dim_qk = args.dim_ckv + args.dim_kpe;
+  const avx512::Fp8Lut lut = avx512::LoadLut(avx512::Fp8TableOf(DType::kF8E4M3FN, false));
+  uint16_t* tile = static_cast<uint16_t*>(s.tile);
+  // One latent slice (ckv or kpe) of a row, as bf16 at dst.
+  auto slice = [&](const void* src, int64_t count, uint16_t* dst) RPA_MLA_BF16_TARGET {
+    if (rows.dtype == DType::kBF16) {
+      std::memcpy(dst, src, sizeof(uint16_t) * static_cast<size_t>(count));
+    } else {
+      E4m3RowToBf16(static_cast<const uint8_t*>(src), count, lut, dst);
+    }
+  };
+  for (int64_t i = 0; i < rows.n; ++i) {
+    uint16_t* row = tile + i * row_stride;
+    slice(rows.ckv[i], args.dim_ckv, row);
+    slice(rows.kpe[i], args.dim_kpe, row + args.dim_ckv);
+    std::memset(row + dim_qk, 0, sizeof(uint16_t) * static_cast<size_t>(row_stride - dim_qk));
+    s.ckv_rows[i] = row;
+    s.kpe_rows[i] = row + args.dim_ckv;
+  }
+  std::memset(tile + rows.n * row_stride, 0,
+              sizeof(uint16_t) * static_cast<size_t>((padded_n - rows.n) * row_stride));
+  return MlaTile{DType::kBF16, rows.n, s.ckv_rows, s.kpe_rows};
+}
 
 const MlaKernel kMlaAvx512Bf16Pairs = {"mla_avx512_bf16_pairs", /*e4m3_scaled=*/false,
                                        PairsPrepareQ, PairsPrepareTile, PairsLogits, PairsPv};

@@ -16,7 +16,8 @@ size_t LayoutMlaScratch(const MlaScratchShape& shape, void* base, MlaScratch* sc
   };
   MlaScratch s;
   s.qt = static_cast<float*>(take(dim_qk * rows * 4));
-  s.q_pairs = static_cast<uint16_t*>(take(dim_qk * rows * 2));
+  // mla_amx's B operand takes dims and rows to multiples of 32.
+  s.q_pairs = static_cast<uint16_t*>(take(MlaRoundUp(dim_qk, 32) * MlaRoundUp(rows, 32) * 2));
   s.st = static_cast<float*>(take(kMlaTileKeys * rows * 4));
   s.acc = static_cast<float*>(take(shape.dim_ckv * rows * 4));
   s.m = static_cast<float*>(take(rows * 4));
@@ -40,6 +41,7 @@ const MlaKernel& ChooseMlaKernel(const MlaProblem& problem, const CpuFeatures& c
   const bool pair_dtypes = problem.q_dtype == DType::kBF16 &&
                            (problem.kv_dtype == DType::kBF16 ||
                             problem.kv_dtype == DType::kF8E4M3FN);
+  if (pair_dtypes && cpu.amx_bf16 && !cpu.amx_emulated) return kMlaAmx;
   if (pair_dtypes && cpu.avx512bf16 && cpu.fast_bf16_dot) return kMlaAvx512Bf16Pairs;
 #else
   (void)problem;

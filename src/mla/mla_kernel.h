@@ -13,7 +13,9 @@
 //   online softmax over st's keys, in place     (the task loop)
 //   acc [R][dim_ckv]      acc += P V            (MlaKernel::pv)
 // Dispatch (ChooseMlaKernel):
-//   q bf16, K/V bf16 or fp8 e4m3fn, vdpbf16ps at the FMA's issue rate
+//   q bf16, K/V bf16 or fp8 e4m3fn, AMX tiles (CpuFeatures::amx_bf16:
+//   Intel Sapphire Rapids on)                    mla_amx
+//   the same dtypes, vdpbf16ps at the FMA's issue rate
 //   (CpuFeatures::fast_bf16_dot: AMD Zen 4)      mla_avx512_bf16_pairs
 //   anything else, any CPU                       mla_highway_f32
 #ifndef RPA_SRC_MLA_MLA_KERNEL_H_
@@ -125,6 +127,7 @@ void ForEachMlaBlock(int64_t count, const Block& block) {
 const MlaKernel& MlaHighwayKernel();
 #if defined(__x86_64__)
 extern const MlaKernel kMlaAvx512Bf16Pairs;  // mla_avx512_bf16.cc
+extern const MlaKernel kMlaAmx;              // mla_amx.cc
 #endif
 
 // The kernel for the problem's dtypes on a CPU with these features.
