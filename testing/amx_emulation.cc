@@ -5,6 +5,7 @@
 #if defined(__x86_64__)
 #include "kernel/amx_prefill.h"
 #include "kernel/kernel_records.h"
+#include "mla/mla_amx.h"
 #endif
 
 namespace rpa::testing {
@@ -40,6 +41,11 @@ struct EmulatedTiles {
   }
 };
 
+// mla_amx's tile unit: the same model under the MLA kernel's name.
+struct EmulatedMlaTiles : EmulatedTiles {
+  static constexpr const char* kName = "mla_amx (emulated)";
+};
+
 // First in the list, before avx512_bf16_packed; the hardware's amx_prefill
 // needs the tiles not emulated, so the two never meet one call.
 const internal::KernelRecord kEmulatedRecord = {
@@ -54,6 +60,7 @@ const internal::KernelRecord kEmulatedRecord = {
 ScopedAmxEmulation::ScopedAmxEmulation() : saved_(internal::SetAmxEmulationOnThisThread(true)) {
 #if defined(__x86_64__)
   internal::InstallTestKernelRecord(kEmulatedRecord);
+  internal::InstallTestMlaAmxKernel(internal::mla_amx::kKernelOn<EmulatedMlaTiles>);
 #endif
 }
 

@@ -21,10 +21,11 @@
 namespace rpa::testing {
 
 // For this object's lifetime on the constructing thread, dispatch runs the
-// AMX prefill kernel on the tile model where the CPU has AVX-512 BF16
-// (CpuFeatures::amx_bf16 and amx_emulated): its record, "amx_prefill
-// (emulated)", joins the kernel list (InstallTestKernelRecord) on the first
-// one. Nested scopes restore what they found.
+// AMX prefill kernel and MLA's AMX kernel on the tile model where the CPU
+// has AVX-512 BF16 (CpuFeatures::amx_bf16 and amx_emulated): "amx_prefill
+// (emulated)" joins the kernel list (InstallTestKernelRecord) and "mla_amx
+// (emulated)" MLA's dispatch (InstallTestMlaAmxKernel) on the first one.
+// Nested scopes restore what they found.
 class ScopedAmxEmulation {
  public:
   ScopedAmxEmulation();

@@ -26,6 +26,7 @@
 
 #include "kernel/cpu_features.h"
 #include "rpa/merge.h"
+#include "testing/amx_emulation.h"
 #include "testing/mla_batch.h"
 #include "testing/tolerance.h"
 
@@ -204,6 +205,17 @@ TEST(MlaTest, MatchesTheFloat64ReferenceOverTheGrid) {
       pairs.Plan(b.Shape(), b.PageTable(), options);
       ExpectNear(b, RunPlanned(pairs, b), want,
                  Describe(c) + " [AMD's rules: " + pairs.DescribeKernels() + "]");
+    }
+    const bool amx_dtypes = c.spec.q_dtype == DType::kBF16 &&
+                            (c.spec.kv_dtype == DType::kBF16 || c.spec.kv_dtype == DType::kF8E4M3FN);
+    if (amx_dtypes && internal::DetectedCpuFeatures().avx512bf16) {
+      // mla_amx on the scalar tile model, wherever AVX-512 BF16 is.
+      const testing::ScopedAmxEmulation emulate;
+      MlaPlan amx;
+      amx.Plan(b.Shape(), b.PageTable(), options);
+      EXPECT_EQ(amx.DescribeKernels().rfind("mla_amx (emulated)", 0), 0u) << amx.DescribeKernels();
+      ExpectNear(b, RunPlanned(amx, b), want,
+                 Describe(c) + " [" + amx.DescribeKernels() + "]");
     }
     // The portable kernel on the same case.
     const internal::ScopedCpuFeatureMask portable(internal::kNoCpuFeatures);

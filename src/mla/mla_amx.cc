@@ -19,16 +19,16 @@
 //
 // Dispatch: bf16 q over bf16 or fp8 e4m3fn latents where the CPU has AMX
 // (CpuFeatures::amx_bf16), mla_kernel.h.
-#include "mla/mla_kernel.h"
+#include "mla/mla_amx.h"
 
 #if defined(__x86_64__)
 #include <cstring>
 
-#include "kernel/amx.h"
 #include "kernel/bf16_pairs.h"
 #include "mla/mla_bf16_operands.h"
 
 namespace rpa::internal {
+namespace mla_amx {
 namespace {
 
 int64_t DimQk32(const MlaKernelArgs& args) {
@@ -44,30 +44,6 @@ uint16_t* Weights(const MlaKernelArgs& args) {
   return PackedValues(args) + kMlaTileKeys * args.dim_ckv;
 }
 
-// q as B (q_pairs, rows and dims to multiples of 32 zero: the keys' zero
-// dims must not meet garbage), and acc's padding rows zero: the PV tiles
-// load and store them back.
-void AmxPrepareQ(const MlaKernelArgs& args) {
-  MlaQPairs(args, Rows32(args));
-  const MlaScratch& s = *args.scratch;
-  const int64_t dim_qk = args.dim_ckv + args.dim_kpe;
-  std::memset(s.q_pairs + dim_qk * Rows32(args), 0,
-              sizeof(uint16_t) * static_cast<size_t>((DimQk32(args) - dim_qk) * Rows32(args)));
-  std::memset(s.acc + args.rows * args.dim_ckv, 0,
-              sizeof(float) * static_cast<size_t>((args.rows_pad - args.rows) * args.dim_ckv));
-}
-
-MlaTile AmxPrepareTile(const MlaKernelArgs& args, const MlaTile& rows) {
-  return MlaTileAsBf16Rows(args, rows, DimQk32(args), AmxRoundUp(rows.n, 16));
-}
-
-// st[i][r] = q_r . k_i: the keys (prepared rows) as A, q pairs as B.
-void AmxMlaLogits(const MlaKernelArgs& args, const MlaTile& tile) {
-  const MlaScratch& s = *args.scratch;
-  AmxLogits({static_cast<const uint16_t*>(s.tile), DimQk32(args), tile.n, s.q_pairs, args.rows_pad,
-             args.dim_ckv + args.dim_kpe, s.st, args.rows_pad});
-}
-
 // The weights st [n][R16] as bf16 rows [R16][kMlaTileKeys] (nearest even),
 // zero for keys in [n, RoundUp(n, 32)).
 void TransposeWeights(const MlaKernelArgs& args, int64_t n, uint16_t* out) {
@@ -80,21 +56,55 @@ void TransposeWeights(const MlaKernelArgs& args, int64_t n, uint16_t* out) {
   }
 }
 
-// acc[r][d] += sum_i P[r][i] ckv_i[d].
-void AmxMlaPv(const MlaKernelArgs& args, const MlaTile& tile) {
+}  // namespace
+
+// q as B (q_pairs, rows and dims to multiples of 32 zero: the keys' zero
+// dims must not meet garbage), and acc's padding rows zero: the PV tiles
+// load and store them back.
+void PrepareQ(const MlaKernelArgs& args) {
+  MlaQPairs(args, Rows32(args));
   const MlaScratch& s = *args.scratch;
+  const int64_t dim_qk = args.dim_ckv + args.dim_kpe;
+  std::memset(s.q_pairs + dim_qk * Rows32(args), 0,
+              sizeof(uint16_t) * static_cast<size_t>((DimQk32(args) - dim_qk) * Rows32(args)));
+  std::memset(s.acc + args.rows * args.dim_ckv, 0,
+              sizeof(float) * static_cast<size_t>((args.rows_pad - args.rows) * args.dim_ckv));
+}
+
+MlaTile PrepareTile(const MlaKernelArgs& args, const MlaTile& rows) {
+  return MlaTileAsBf16Rows(args, rows, DimQk32(args), AmxRoundUp(rows.n, 16));
+}
+
+// st[i][r] = q_r . k_i: the keys (prepared rows) as A, q pairs as B.
+AmxLogitsArgs LogitsArgs(const MlaKernelArgs& args, const MlaTile& tile) {
+  const MlaScratch& s = *args.scratch;
+  return {static_cast<const uint16_t*>(s.tile), DimQk32(args), tile.n, s.q_pairs, args.rows_pad,
+          args.dim_ckv + args.dim_kpe, s.st, args.rows_pad};
+}
+
+// acc[r][d] += sum_i P[r][i] ckv_i[d].
+AmxPvBf16Args PvArgs(const MlaKernelArgs& args, const MlaTile& tile) {
   uint16_t* values = PackedValues(args);
   AmxPackValues({DType::kBF16, tile.ckv, tile.n, args.dim_ckv, values});
   uint16_t* weights = Weights(args);
   TransposeWeights(args, tile.n, weights);
-  AmxPvBf16({weights, kMlaTileKeys, args.rows, values, tile.n, args.dim_ckv, s.acc,
-             args.dim_ckv});
+  return {weights, kMlaTileKeys, args.rows, values, tile.n, args.dim_ckv, args.scratch->acc,
+          args.dim_ckv};
 }
+
+}  // namespace mla_amx
+
+namespace {
+
+struct HardwareTiles {
+  static constexpr const char* kName = "mla_amx";
+  static void Logits(const AmxLogitsArgs& args) { AmxLogits(args); }
+  static void PvBf16(const AmxPvBf16Args& args) { AmxPvBf16(args); }
+};
 
 }  // namespace
 
-const MlaKernel kMlaAmx = {"mla_amx", /*e4m3_scaled=*/false, AmxPrepareQ, AmxPrepareTile,
-                           AmxMlaLogits, AmxMlaPv};
+const MlaKernel kMlaAmx = mla_amx::kKernelOn<HardwareTiles>;
 
 }  // namespace rpa::internal
 

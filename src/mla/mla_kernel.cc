@@ -1,6 +1,8 @@
 // The MLA scratch layout and the dispatch decision (mla_kernel.h).
 #include "mla/mla_kernel.h"
 
+#include <atomic>
+
 #include "kernel/tile_kernel.h"
 
 namespace rpa::internal {
@@ -36,12 +38,25 @@ float MlaValueUnit(const MlaProblem& problem, const MlaKernel& kernel) {
   return (scaled ? kE4M3Rescale : 1.0f) * problem.kv_scale;
 }
 
+namespace {
+
+std::atomic<const MlaKernel*> g_test_amx_kernel{nullptr};
+
+}  // namespace
+
+void InstallTestMlaAmxKernel(const MlaKernel& kernel) {
+  const MlaKernel* none = nullptr;
+  g_test_amx_kernel.compare_exchange_strong(none, &kernel, std::memory_order_acq_rel);
+}
+
 const MlaKernel& ChooseMlaKernel(const MlaProblem& problem, const CpuFeatures& cpu) {
 #if defined(__x86_64__)
   const bool pair_dtypes = problem.q_dtype == DType::kBF16 &&
                            (problem.kv_dtype == DType::kBF16 ||
                             problem.kv_dtype == DType::kF8E4M3FN);
   if (pair_dtypes && cpu.amx_bf16 && !cpu.amx_emulated) return kMlaAmx;
+  const MlaKernel* emulated = g_test_amx_kernel.load(std::memory_order_acquire);
+  if (pair_dtypes && cpu.amx_emulated && emulated != nullptr) return *emulated;
   if (pair_dtypes && cpu.avx512bf16 && cpu.fast_bf16_dot) return kMlaAvx512Bf16Pairs;
 #else
   (void)problem;

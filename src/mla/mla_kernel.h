@@ -133,6 +133,12 @@ extern const MlaKernel kMlaAmx;              // mla_amx.cc
 // The kernel for the problem's dtypes on a CPU with these features.
 const MlaKernel& ChooseMlaKernel(const MlaProblem& problem, const CpuFeatures& cpu);
 
+// Tests only: the kernel ChooseMlaKernel returns where mla_amx's calls meet
+// emulated AMX tiles (CpuFeatures::amx_emulated): testing/amx_emulation.h
+// installs mla_amx on its tile model. Once per process (later calls do
+// nothing), from any thread.
+void InstallTestMlaAmxKernel(const MlaKernel& kernel);
+
 // Runs one task of the plan: its rows over its keys through `kernel`, into
 // out / lse, or (task.partial_offset >= 0) into partials + partial_offset as
 // [rows] m, [rows] l, [rows][dim_ckv] acc (natural order).
