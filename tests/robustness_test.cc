@@ -16,11 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include "kernel/cpu_features.h"
 #include "rpa/attention.h"
 #include "rpa/error.h"
 #include "rpa/kv_cache.h"
 #include "rpa/merge.h"
 #include "rpa/reference.h"
+#include "testing/amx_emulation.h"
 #include "testing/synthetic_batch.h"
 #include "testing/tolerance.h"
 
@@ -464,6 +466,55 @@ TEST(RobustnessTest, F9_InfValueUnderMinusInfLogitInASplitChunkIsNan) {
                        PageTable{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()}, o,
                        b.OutView(out));
   EXPECT_TRUE(std::isnan(reinterpret_cast<const float*>(out.data())[3]));
+}
+
+// Finding F14 (fixed): amx_prefill's PV ran whole 16-row tiles, so in a
+// task over several kv heads (the middle class at 9-15 rows per kv head)
+// a tile's padding rows were the next head's accumulators, and their zero
+// weights times a NaN in this head's V made the next head's rows NaN (found
+// by ragged_attention_fuzzer on the first AMX machine, 2026-12-06:
+// fuzz/regressions/ragged_amx_tail_rows_nan_value). On the hardware's tiles
+// where the CPU has AMX, on the tile model wherever AVX-512 BF16 is.
+TEST(RobustnessTest, F14_NanValueStaysInItsKvHeadOnAmx) {
+  BatchSpec spec;
+  spec.num_q_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 32;
+  spec.page_size = 5;
+  spec.q_dtype = spec.kv_dtype = DType::kBF16;
+  spec.sequences = {{6, 15}};
+  spec.seed = 7;
+  SyntheticBatch b = MakeSyntheticBatch(spec);
+  // V of kv head 0, key 1 (seen by every row), dim 18.
+  const int64_t page = b.page_indices[0];
+  StoreFromF32(DType::kBF16, b.kv_pages.data(),
+               ((page * spec.page_size + 1) * 2 * spec.num_kv_heads + 1) * spec.head_dim + 18,
+               NAN);
+  AttentionOptions o;
+  o.num_queries_per_block = 6;  // 12 rows per kv head: the middle class, one task.
+  const PageTable table{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()};
+  std::vector<uint8_t> ref = b.NewOutput();
+  RefRaggedPagedAttention(b.Q(), b.KvPages(), table, o, b.OutView(ref));
+  auto check = [&](const char* path) {
+    std::vector<uint8_t> out = b.NewOutput();
+    RaggedPagedAttention(b.Q(), b.KvPages(), table, o, b.OutView(out));
+    int shown = 0;
+    for (int64_t i = 0; i < 6 * 4 * 32 && shown < 3; ++i) {
+      const double got = LoadAsF32(DType::kBF16, out.data(), i);
+      const double want = LoadAsF32(DType::kBF16, ref.data(), i);
+      const bool ok = std::isnan(want) ? std::isnan(got)
+                                       : std::fabs(got - want) <= SpecTolerance(b) * (1 + std::fabs(want));
+      if (!ok) {
+        ADD_FAILURE() << path << " out[flat " << i << "] = " << got << ", reference " << want;
+        ++shown;
+      }
+    }
+  };
+  if (internal::DetectedCpuFeatures().amx_bf16) check("AMX tiles");
+  if (internal::DetectedCpuFeatures().avx512bf16) {
+    const testing::ScopedAmxEmulation emulate;
+    check("AMX tile model");
+  }
 }
 
 // Finding F10 (fixed): the same with every logit of the row -inf and a

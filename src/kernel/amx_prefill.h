@@ -25,6 +25,8 @@
 #ifndef RPA_SRC_KERNEL_AMX_PREFILL_H_
 #define RPA_SRC_KERNEL_AMX_PREFILL_H_
 
+#include <cstring>
+
 #include "kernel/tile_kernel.h"
 
 #if defined(__x86_64__)
@@ -57,14 +59,37 @@ void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                 tile.head_dim, s.s, s.stride});
 }
 
+// acc += P V. Whole 16-row tiles straight on acc; a last partial one on a
+// copy of its rows padded with zero rows (behind the packed V in
+// TileScratch::packed: V takes at most half of it, and the other half holds
+// at least 32 rows of dim_pad floats), because acc's rows past p.rows may be
+// another kv head's (a task over several heads), and a tile's padding rows
+// (zero weights) times an infinite or NaN value of V would reach them.
 template <class Unit, DType kDtype>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
   const uint16_t* v_packed = TilePacks<kDtype>::Values(tile, scratch);
   const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
-  Unit::PvBf16({weights, AmxRoundUp(tile.n, kAmxKeyAlign), p.rows, v_packed, tile.n,
-                tile.head_dim, state.acc, state.stride});
+  const int64_t p_stride = AmxRoundUp(tile.n, kAmxKeyAlign);
+  AmxPvBf16Args pv{weights, p_stride, p.rows / kAmxTileRows * kAmxTileRows, v_packed, tile.n,
+                   tile.head_dim, state.acc, state.stride};
+  if (pv.rows > 0) Unit::PvBf16(pv);
+  const int64_t tail = p.rows - pv.rows;
+  if (tail == 0) return;
+  const size_t tail_bytes = sizeof(float) * static_cast<size_t>(tail * state.stride);
+  float* rows = reinterpret_cast<float*>(
+      reinterpret_cast<uint8_t*>(scratch.packed) +
+      sizeof(uint16_t) * AmxPackedValuesElems(tile.n, tile.head_dim));
+  float* acc_tail = state.acc + pv.rows * state.stride;
+  std::memcpy(rows, acc_tail, tail_bytes);
+  std::memset(rows + tail * state.stride, 0,
+              sizeof(float) * static_cast<size_t>((kAmxTileRows - tail) * state.stride));
+  pv.p_bf16 = weights + pv.rows * p_stride;
+  pv.rows = tail;
+  pv.acc = rows;
+  Unit::PvBf16(pv);
+  std::memcpy(acc_tail, rows, tail_bytes);
 }
 
 template <class Unit, DType kDtype>
