@@ -468,42 +468,24 @@ TEST(RobustnessTest, F9_InfValueUnderMinusInfLogitInASplitChunkIsNan) {
   EXPECT_TRUE(std::isnan(reinterpret_cast<const float*>(out.data())[3]));
 }
 
-// Finding F14 (fixed): amx_prefill's PV ran whole 16-row tiles, so in a
-// task over several kv heads (the middle class at 9-15 rows per kv head)
-// a tile's padding rows were the next head's accumulators, and their zero
-// weights times a NaN in this head's V made the next head's rows NaN (found
-// by ragged_attention_fuzzer on the first AMX machine, 2026-12-06:
-// fuzz/regressions/ragged_amx_tail_rows_nan_value). On the hardware's tiles
-// where the CPU has AMX, on the tile model wherever AVX-512 BF16 is.
-TEST(RobustnessTest, F14_NanValueStaysInItsKvHeadOnAmx) {
-  BatchSpec spec;
-  spec.num_q_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 32;
-  spec.page_size = 5;
-  spec.q_dtype = spec.kv_dtype = DType::kBF16;
-  spec.sequences = {{6, 15}};
-  spec.seed = 7;
-  SyntheticBatch b = MakeSyntheticBatch(spec);
-  // V of kv head 0, key 1 (seen by every row), dim 18.
-  const int64_t page = b.page_indices[0];
-  StoreFromF32(DType::kBF16, b.kv_pages.data(),
-               ((page * spec.page_size + 1) * 2 * spec.num_kv_heads + 1) * spec.head_dim + 18,
-               NAN);
-  AttentionOptions o;
-  o.num_queries_per_block = 6;  // 12 rows per kv head: the middle class, one task.
+// bf16 q and K/V through amx_prefill on the hardware's tiles where the CPU
+// has AMX, and on the tile model wherever AVX-512 BF16 is, against the
+// reference (NaN where it is NaN, else within the bf16 bound).
+void ExpectAmxLikeReference(const SyntheticBatch& b, const AttentionOptions& o) {
   const PageTable table{b.KvLens(), b.PageIndices(), b.CuQLens(), b.NumSeqs()};
   std::vector<uint8_t> ref = b.NewOutput();
   RefRaggedPagedAttention(b.Q(), b.KvPages(), table, o, b.OutView(ref));
+  const int64_t count = static_cast<int64_t>(ref.size() / SizeOf(DType::kBF16));
   auto check = [&](const char* path) {
     std::vector<uint8_t> out = b.NewOutput();
     RaggedPagedAttention(b.Q(), b.KvPages(), table, o, b.OutView(out));
     int shown = 0;
-    for (int64_t i = 0; i < 6 * 4 * 32 && shown < 3; ++i) {
+    for (int64_t i = 0; i < count && shown < 3; ++i) {
       const double got = LoadAsF32(DType::kBF16, out.data(), i);
       const double want = LoadAsF32(DType::kBF16, ref.data(), i);
       const bool ok = std::isnan(want) ? std::isnan(got)
-                                       : std::fabs(got - want) <= SpecTolerance(b) * (1 + std::fabs(want));
+                                       : std::fabs(got - want) <=
+                                             SpecTolerance(b) * (1 + std::fabs(want));
       if (!ok) {
         ADD_FAILURE() << path << " out[flat " << i << "] = " << got << ", reference " << want;
         ++shown;
@@ -514,6 +496,55 @@ TEST(RobustnessTest, F14_NanValueStaysInItsKvHeadOnAmx) {
   if (internal::DetectedCpuFeatures().avx512bf16) {
     const testing::ScopedAmxEmulation emulate;
     check("AMX tile model");
+  }
+}
+
+SyntheticBatch Bf16Batch(int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t page_size,
+                         std::vector<SequenceShape> seqs) {
+  BatchSpec spec;
+  spec.num_q_heads = q_heads;
+  spec.num_kv_heads = kv_heads;
+  spec.head_dim = head_dim;
+  spec.page_size = page_size;
+  spec.q_dtype = spec.kv_dtype = DType::kBF16;
+  spec.sequences = std::move(seqs);
+  spec.seed = 7;
+  return MakeSyntheticBatch(spec);
+}
+
+// Finding F14 (fixed): amx_prefill's PV ran whole 16-row tiles, so in a
+// task over several kv heads (the middle class at 9-15 rows per kv head)
+// a tile's padding rows were the next head's accumulators, and their zero
+// weights times a NaN in this head's V made the next head's rows NaN (found
+// by ragged_attention_fuzzer on the first AMX machine, 2026-12-06:
+// fuzz/regressions/ragged_amx_tail_rows_nan_value).
+TEST(RobustnessTest, F14_NanValueStaysInItsKvHeadOnAmx) {
+  SyntheticBatch b = Bf16Batch(4, 2, 32, 5, {{6, 15}});
+  // V of kv head 0, key 1 (seen by every row), dim 18.
+  StoreFromF32(DType::kBF16, b.kv_pages.data(), ((b.page_indices[0] * 5 + 1) * 4 + 1) * 32 + 18,
+               NAN);
+  AttentionOptions o;
+  o.num_queries_per_block = 6;  // 12 rows per kv head: the middle class, one task.
+  ExpectAmxLikeReference(b, o);
+}
+
+// Finding F15 (fixed): in a task over several kv heads, the last head's
+// 16-row AMX tiles reached past the scratch's rows (padded for the task's
+// rows, not for the last head's rows rounded up), and its logits overwrote
+// the accumulators that follow them (found by ragged_attention_fuzzer the
+// same day: fuzz/regressions/ragged_amx_last_head_tile_overrun). Every
+// shape of the middle class's multi-head tasks: 9-15 rows per kv head, 1-4
+// kv heads.
+TEST(RobustnessTest, F15_LastKvHeadsTilesStayInTheScratch) {
+  for (int64_t kv_heads = 1; kv_heads <= 4; ++kv_heads) {
+    for (int32_t rows = 9; rows <= 15; ++rows) {
+      SCOPED_TRACE("kv_heads " + std::to_string(kv_heads) + " rows per kv head " +
+                   std::to_string(rows));
+      const SyntheticBatch b = Bf16Batch(kv_heads, kv_heads, 10, 7, {{rows, 18}});
+      AttentionOptions o;
+      o.num_queries_per_block = rows;
+      ExpectAmxLikeReference(b, o);
+    }
   }
 }
 

@@ -13,8 +13,11 @@
 // relative each; the LSE sums the unrounded weights) and q's for non-bf16 q
 // (dispatch gives this kernel bf16 q only).
 //
-// Shapes: rows padded to 16 in scratch (kRowAlign): tiles always have 16
-// rows, padding rows are computed and never used. The packed K and V take
+// Shapes: tiles always have 16 rows, so a kv head's rows run to a multiple
+// of 16 from their first (kRowAlign; in a task over several kv heads the
+// scratch is padded for the last head's, ScratchRows in scratch.cc): the
+// logits' extra rows land in the next head's rows (computed again when its
+// turn comes) or in padding; PV keeps them off acc (Pv below). The packed K and V take
 // TileScratch::packed (one after the other: PV packs V over the logits' K);
 // the bf16 weights overwrite their own f32 logits row by row.
 //

@@ -10,8 +10,12 @@ namespace {
 
 int64_t ScratchRows(int64_t q_tile, int64_t group, int64_t num_kv_heads) {
   // A sequence's last query tile may be short enough to take every kv head.
+  // Head h's rows then start at h x its rows, and the AMX kernel's 16-row
+  // tiles of the last head reach its rows rounded up to kRowAlign.
   const int64_t rows = q_tile * group;
-  return RoundUp(std::max(rows, num_kv_heads * std::min(rows, kMultiHeadMaxRows)), kRowAlign);
+  const int64_t per_head = std::min(rows, kMultiHeadMaxRows);
+  return RoundUp(std::max(rows, (num_kv_heads - 1) * per_head + RoundUp(per_head, kRowAlign)),
+                 kRowAlign);
 }
 
 }  // namespace
