@@ -50,7 +50,7 @@ struct EmulatedMlaTiles : EmulatedTiles {
 // needs the tiles not emulated, so the two never meet one call.
 const internal::KernelRecord kEmulatedRecord = {
     "amx_prefill (emulated)", "testing/amx_emulation.cc",
-    internal::AmxPrefillNeeds([](const internal::CpuFeatures& f) { return f.amx_emulated; }),
+    internal::AmxPrefillNeeds([](const internal::CpuFeatures& f, DType) { return f.amx_emulated; }),
     internal::AmxPrefillOn<EmulatedTiles>};
 
 }  // namespace

@@ -31,6 +31,14 @@ constexpr uint8_t kPrefillClass = ClassBits({kPrefill});
 constexpr uint8_t kDecodeClass = ClassBits({kDecode});
 constexpr uint8_t kMiddleClass = ClassBits({kMiddle});
 
+// Where the bf16-pair decode and middle kernels pay: where vdpbf16ps issues
+// at the FMA's rate, and for int8 K/V wherever AVX-512 BF16 is (no
+// widening kernel takes int8, and the pairs beat highway_rows where
+// vdpbf16ps is slow: docs/kernel.md, Dispatch).
+bool Bf16PairRowsPay(const CpuFeatures& f, DType kv_dtype) {
+  return f.fast_bf16_dot || (kv_dtype == DType::kI8 && f.avx512bf16);
+}
+
 const ProductKernel* HighwayRows(DType kv_dtype) { return HighwayKernelsForCpu(kv_dtype).rows; }
 const ProductKernel* HighwayPacked(DType kv_dtype) {
   return HighwayKernelsForCpu(kv_dtype).packed;
@@ -39,7 +47,7 @@ const ProductKernel* HighwayPacked(DType kv_dtype) {
 }  // namespace
 
 #if defined(__x86_64__)
-KernelNeeds AmxPrefillNeeds(bool (*cpu)(const CpuFeatures&)) {
+KernelNeeds AmxPrefillNeeds(bool (*cpu)(const CpuFeatures&, DType)) {
   return {kBf16Q, kBf16ExactKv, ClassBits({kMiddle, kPrefill}), true, cpu};
 }
 #endif
@@ -53,21 +61,20 @@ KernelRecord g_records[] = {
 #if defined(__x86_64__)
     // ---- Products.
     {"amx_prefill", "amx_prefill.cc",
-     AmxPrefillNeeds([](const CpuFeatures& f) { return f.amx_bf16 && !f.amx_emulated; }),
+     AmxPrefillNeeds([](const CpuFeatures& f, DType) { return f.amx_bf16 && !f.amx_emulated; }),
      AmxPrefill},
     {"avx512_bf16_packed", "avx512_bf16_packed.cc",
      {kBf16Q, kBf16ExactKv, kPrefillClass, true,
-      [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
+      [](const CpuFeatures& f, DType) { return f.fast_bf16_dot; }},
      Avx512Bf16Packed},
     {"avx512_bf16_rows", "avx512_bf16_rows.cc",
-     {kBf16Q, kBf16ExactKv, kRowClasses, true,
-      [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
+     {kBf16Q, kBf16ExactKv, kRowClasses, true, Bf16PairRowsPay},
      Avx512Bf16Rows},
     {"avx512_wide_fp8_scratch", "avx512_wide.cc",
-     {kAnyDType, kFp8, kMiddleClass, true, [](const CpuFeatures& f) { return f.avx512bw; }},
+     {kAnyDType, kFp8, kMiddleClass, true, [](const CpuFeatures& f, DType) { return f.avx512bw; }},
      Avx512WideFp8Scratch},
     {"avx512_wide", "avx512_wide.cc",
-     {kAnyDType, kWideKv, kRowClasses, true, [](const CpuFeatures& f) { return f.avx512bw; }},
+     {kAnyDType, kWideKv, kRowClasses, true, [](const CpuFeatures& f, DType) { return f.avx512bw; }},
      Avx512Wide},
 #endif
     {"highway_packed", "highway_packed-inl.h", {kAnyDType, kAnyDType, kPrefillClass, true},
@@ -77,14 +84,13 @@ KernelRecord g_records[] = {
 #if defined(__x86_64__)
     // ---- Fused decode tiles (no soft cap: their exp has no tanh before it).
     {"avx512_bf16_decode", "avx512_bf16_rows.cc",
-     {kBf16Q, kBf16ExactKv, kDecodeClass, false,
-      [](const CpuFeatures& f) { return f.fast_bf16_dot; }},
+     {kBf16Q, kBf16ExactKv, kDecodeClass, false, Bf16PairRowsPay},
      nullptr, Avx512Bf16Decode},
     {"avx512fp16_decode", "avx512_fp16_decode.cc",
-     {kAnyDType, kFp8, kDecodeClass, false, [](const CpuFeatures& f) { return f.avx512fp16; }},
+     {kAnyDType, kFp8, kDecodeClass, false, [](const CpuFeatures& f, DType) { return f.avx512fp16; }},
      nullptr, Avx512Fp16Decode},
     {"avx512_wide_decode", "avx512_wide.cc",
-     {kAnyDType, kWideKv, kDecodeClass, false, [](const CpuFeatures& f) { return f.avx512bw; }},
+     {kAnyDType, kWideKv, kDecodeClass, false, [](const CpuFeatures& f, DType) { return f.avx512bw; }},
      nullptr, Avx512WideDecode},
 #endif
 };
@@ -114,7 +120,7 @@ bool Meets(const KernelRecord& record, const AttentionProblem& problem, TaskClas
   const bool plain_exp = problem.soft_cap == 0.0f && problem.alibi_slopes == nullptr;
   return has(n.q_dtypes, problem.q_dtype) && has(n.kv_dtypes, problem.kv_dtype) &&
          ((n.classes >> static_cast<int>(c)) & 1u) != 0 && (n.soft_cap_or_alibi || plain_exp) &&
-         (n.cpu == nullptr || n.cpu(cpu));
+         (n.cpu == nullptr || n.cpu(cpu, problem.kv_dtype));
 }
 
 }  // namespace rpa::internal

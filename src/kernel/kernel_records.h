@@ -36,8 +36,9 @@ struct KernelNeeds {
   uint8_t classes = 0;             // ClassBits: the task classes it runs.
   bool soft_cap_or_alibi = true;   // Runs calls with a soft cap or ALiBi slopes
                                    // (the fused tiles' exp takes neither a tanh nor a bias).
-  // The CPU features it needs (UsableCpuFeatures); null: none.
-  bool (*cpu)(const CpuFeatures&) = nullptr;
+  // Whether the CPU's features (UsableCpuFeatures) have what it needs and
+  // make it pay for K/V of this dtype (one of kv_dtypes); null: always.
+  bool (*cpu)(const CpuFeatures&, DType kv_dtype) = nullptr;
 };
 
 struct KernelRecord {
@@ -57,7 +58,7 @@ struct KernelRecord {
 // per kv head, packing K and V once per tile pays on AMX: docs/kernel.md),
 // soft caps and ALiBi too. One definition for the hardware's record and its
 // scalar tile model's (testing/amx_emulation.cc).
-KernelNeeds AmxPrefillNeeds(bool (*cpu)(const CpuFeatures&));
+KernelNeeds AmxPrefillNeeds(bool (*cpu)(const CpuFeatures&, DType));
 
 // Every kernel of this build (the AVX-512 ones only on x86-64), products
 // and fused tiles, in the order dispatch tries them: for each class of
