@@ -206,8 +206,9 @@ TEST(MlaTest, MatchesTheFloat64ReferenceOverTheGrid) {
       ExpectNear(b, RunPlanned(pairs, b), want,
                  Describe(c) + " [AMD's rules: " + pairs.DescribeKernels() + "]");
     }
-    const bool amx_dtypes = c.spec.q_dtype == DType::kBF16 &&
-                            (c.spec.kv_dtype == DType::kBF16 || c.spec.kv_dtype == DType::kF8E4M3FN);
+    const bool amx_dtypes =
+        c.spec.q_dtype == DType::kBF16 &&
+        (c.spec.kv_dtype == DType::kBF16 || c.spec.kv_dtype == DType::kF8E4M3FN);
     if (amx_dtypes && internal::DetectedCpuFeatures().avx512bf16) {
       // mla_amx on the scalar tile model, wherever AVX-512 BF16 is.
       const testing::ScopedAmxEmulation emulate;

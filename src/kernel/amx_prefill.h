@@ -17,9 +17,9 @@
 // of 16 from their first (kRowAlign; in a task over several kv heads the
 // scratch is padded for the last head's, ScratchRows in scratch.cc): the
 // logits' extra rows land in the next head's rows (computed again when its
-// turn comes) or in padding; PV keeps them off acc (Pv below). The packed K and V take
-// TileScratch::packed (one after the other: PV packs V over the logits' K);
-// the bf16 weights overwrite their own f32 logits row by row.
+// turn comes) or in padding; PV keeps them off acc (Pv below). The packed K
+// and V take TileScratch::packed (one after the other: PV packs V over the
+// logits' K); the bf16 weights overwrite their own f32 logits row by row.
 //
 // Dispatch chooses it for the middle and prefill classes (> kDecodeMaxRows
 // rows per kv head) with bf16 q where the CPU has AMX (unless RPA_AMX=0),

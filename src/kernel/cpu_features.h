@@ -43,9 +43,12 @@ struct CpuFeatures {
 
   // The features both masks have.
   CpuFeatures operator&(const CpuFeatures& o) const {
-    return {avx512bw && o.avx512bw,         avx512fp16 && o.avx512fp16,
-            avx512bf16 && o.avx512bf16,     fast_bf16_dot && o.fast_bf16_dot,
-            amx_bf16 && o.amx_bf16,         prefetch_in_address_order && o.prefetch_in_address_order,
+    return {avx512bw && o.avx512bw,
+            avx512fp16 && o.avx512fp16,
+            avx512bf16 && o.avx512bf16,
+            fast_bf16_dot && o.fast_bf16_dot,
+            amx_bf16 && o.amx_bf16,
+            prefetch_in_address_order && o.prefetch_in_address_order,
             amx_emulated && o.amx_emulated};
   }
   // E.g. "avx512bw avx512fp16 avx512bf16", or "none".

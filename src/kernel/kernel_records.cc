@@ -31,6 +31,11 @@ constexpr uint8_t kPrefillClass = ClassBits({kPrefill});
 constexpr uint8_t kDecodeClass = ClassBits({kDecode});
 constexpr uint8_t kMiddleClass = ClassBits({kMiddle});
 
+#if defined(__x86_64__)
+bool HasAvx512Bw(const CpuFeatures& f, DType) { return f.avx512bw; }
+bool HasAvx512Fp16(const CpuFeatures& f, DType) { return f.avx512fp16; }
+bool HasFastBf16Dot(const CpuFeatures& f, DType) { return f.fast_bf16_dot; }
+
 // Where the bf16-pair decode and middle kernels pay: where vdpbf16ps issues
 // at the FMA's rate, and for int8 K/V wherever AVX-512 BF16 is (no
 // widening kernel takes int8, and the pairs beat highway_rows where
@@ -38,6 +43,7 @@ constexpr uint8_t kMiddleClass = ClassBits({kMiddle});
 bool Bf16PairRowsPay(const CpuFeatures& f, DType kv_dtype) {
   return f.fast_bf16_dot || (kv_dtype == DType::kI8 && f.avx512bf16);
 }
+#endif
 
 const ProductKernel* HighwayRows(DType kv_dtype) { return HighwayKernelsForCpu(kv_dtype).rows; }
 const ProductKernel* HighwayPacked(DType kv_dtype) {
@@ -65,16 +71,16 @@ KernelRecord g_records[] = {
      AmxPrefill},
     {"avx512_bf16_packed", "avx512_bf16_packed.cc",
      {kBf16Q, kBf16ExactKv, kPrefillClass, true,
-      [](const CpuFeatures& f, DType) { return f.fast_bf16_dot; }},
+      HasFastBf16Dot},
      Avx512Bf16Packed},
     {"avx512_bf16_rows", "avx512_bf16_rows.cc",
      {kBf16Q, kBf16ExactKv, kRowClasses, true, Bf16PairRowsPay},
      Avx512Bf16Rows},
     {"avx512_wide_fp8_scratch", "avx512_wide.cc",
-     {kAnyDType, kFp8, kMiddleClass, true, [](const CpuFeatures& f, DType) { return f.avx512bw; }},
+     {kAnyDType, kFp8, kMiddleClass, true, HasAvx512Bw},
      Avx512WideFp8Scratch},
     {"avx512_wide", "avx512_wide.cc",
-     {kAnyDType, kWideKv, kRowClasses, true, [](const CpuFeatures& f, DType) { return f.avx512bw; }},
+     {kAnyDType, kWideKv, kRowClasses, true, HasAvx512Bw},
      Avx512Wide},
 #endif
     {"highway_packed", "highway_packed-inl.h", {kAnyDType, kAnyDType, kPrefillClass, true},
@@ -87,10 +93,10 @@ KernelRecord g_records[] = {
      {kBf16Q, kBf16ExactKv, kDecodeClass, false, Bf16PairRowsPay},
      nullptr, Avx512Bf16Decode},
     {"avx512fp16_decode", "avx512_fp16_decode.cc",
-     {kAnyDType, kFp8, kDecodeClass, false, [](const CpuFeatures& f, DType) { return f.avx512fp16; }},
+     {kAnyDType, kFp8, kDecodeClass, false, HasAvx512Fp16},
      nullptr, Avx512Fp16Decode},
     {"avx512_wide_decode", "avx512_wide.cc",
-     {kAnyDType, kWideKv, kDecodeClass, false, [](const CpuFeatures& f, DType) { return f.avx512bw; }},
+     {kAnyDType, kWideKv, kDecodeClass, false, HasAvx512Bw},
      nullptr, Avx512WideDecode},
 #endif
 };
