@@ -519,6 +519,7 @@ SyntheticBatch Bf16Batch(int64_t q_heads, int64_t kv_heads, int64_t head_dim, in
 // by ragged_attention_fuzzer on the first AMX machine, 2026-12-06:
 // fuzz/regressions/ragged_amx_tail_rows_nan_value).
 TEST(RobustnessTest, F14_NanValueStaysInItsKvHeadOnAmx) {
+  if (!internal::DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AMX tiles or tile model here";
   SyntheticBatch b = Bf16Batch(4, 2, 32, 5, {{6, 15}});
   // V of kv head 0, key 1 (seen by every row), dim 18.
   StoreFromF32(DType::kBF16, b.kv_pages.data(), ((b.page_indices[0] * 5 + 1) * 4 + 1) * 32 + 18,
@@ -536,6 +537,7 @@ TEST(RobustnessTest, F14_NanValueStaysInItsKvHeadOnAmx) {
 // shape of the middle class's multi-head tasks: 9-15 rows per kv head, 1-4
 // kv heads.
 TEST(RobustnessTest, F15_LastKvHeadsTilesStayInTheScratch) {
+  if (!internal::DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AMX tiles or tile model here";
   for (int64_t kv_heads = 1; kv_heads <= 4; ++kv_heads) {
     for (int32_t rows = 9; rows <= 15; ++rows) {
       SCOPED_TRACE("kv_heads " + std::to_string(kv_heads) + " rows per kv head " +
