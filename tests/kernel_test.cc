@@ -36,6 +36,7 @@
 #include "testing/amx_emulation.h"
 #include "testing/synthetic_batch.h"
 #include "testing/tolerance.h"
+#include "testing/without_amx.h"
 #include "threads/thread_pool.h"
 #include "validate/validate_internal.h"
 
@@ -217,14 +218,29 @@ Outputs RunCase(const Case& c, const SyntheticBatch& b, bool fast) {
 }
 
 // Compares, printing only the first few mismatches.
-void ExpectClose(const Case& c, const SyntheticBatch& b, const Outputs& fast,
-                 const Outputs& ref) {
+// What a comparison does where the reference is NaN or infinite: fail (the
+// grids, whose inputs are finite), or want the same (a case that injects a
+// NaN or an infinity).
+enum class NonFinite : uint8_t { kFails, kLikeReference };
+
+// got within tol of want, or under kLikeReference NaN for NaN and the same
+// infinity.
+bool Matches(double got, double want, double tol, NonFinite non_finite) {
+  if (non_finite == NonFinite::kLikeReference) {
+    if (std::isnan(want)) return std::isnan(got);
+    if (std::isinf(want)) return got == want;
+  }
+  return std::fabs(got - want) <= tol;
+}
+
+void ExpectClose(const Case& c, const SyntheticBatch& b, const Outputs& fast, const Outputs& ref,
+                 NonFinite non_finite = NonFinite::kFails) {
   const int64_t count = b.num_tokens * c.spec.num_q_heads * c.spec.head_dim;
   int reported = 0;
   for (int64_t i = 0; i < count && reported < 3; ++i) {
     const double got = LoadAsF32(c.spec.q_dtype, fast.out.data(), i);
     const double want = LoadAsF32(c.spec.q_dtype, ref.out.data(), i);
-    if (!(std::fabs(got - want) <= Tolerance(c, want))) {
+    if (!Matches(got, want, Tolerance(c, want), non_finite)) {
       ADD_FAILURE() << c.Name() << "\n  element " << i << " (token "
                     << i / (c.spec.num_q_heads * c.spec.head_dim) << "): got " << got
                     << " want " << want;
@@ -234,7 +250,7 @@ void ExpectClose(const Case& c, const SyntheticBatch& b, const Outputs& fast,
   for (size_t i = 0; i < ref.lse.size() && reported < 3; ++i) {
     const float got = fast.lse[i], want = ref.lse[i];
     const bool same = (std::isinf(want) && got == want) ||
-                      std::fabs(got - want) <= LseTolerance(c, want);
+                      Matches(got, want, LseTolerance(c, want), non_finite);
     if (!same) {
       ADD_FAILURE() << c.Name() << "\n  lse " << i << ": got " << got << " want " << want;
       ++reported;
@@ -407,9 +423,7 @@ TEST(KernelAmxTest, PrefillGridMatchesReference) {
 TEST(KernelBf16PackedTest, PrefillGridMatchesReference) {
   if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
   ScopedVendorRules amd(/*amd=*/true);
-  CpuFeatures no_amx = kAllCpuFeatures;
-  no_amx.amx_bf16 = false;
-  ScopedCpuFeatureMask mask(no_amx);
+  testing::ScopedWithoutAmx hide_amx;
   CheckBf16PrefillGrid(84);
 }
 
@@ -460,12 +474,11 @@ TEST(KernelBf16RowsTest, DecodeGridMatchesReference) {
   // AMD's rules (the bf16-pair kernels, prefetches in address order) on any
   // CPU with AVX-512 BF16; AMX hidden (it would take the middle class).
   ScopedVendorRules amd(/*amd=*/true);
-  CpuFeatures no_amx = kAllCpuFeatures;
-  no_amx.amx_bf16 = false;
+  testing::ScopedWithoutAmx hide_amx;
   for (int queries_scale : {1, 4}) {
     CheckDecodeGrid(85 + queries_scale,
                     {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}, queries_scale,
-                    /*bf16_q=*/true, no_amx, no_amx);
+                    /*bf16_q=*/true, kAllCpuFeatures, kAllCpuFeatures);
   }
 }
 
@@ -988,9 +1001,7 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   if (DetectedCpuFeatures().avx512bf16) {
     // AMD's rules, on any CPU with AVX-512 BF16; AMX hidden.
     ScopedVendorRules amd(/*amd=*/true);
-    CpuFeatures no_amx = kAllCpuFeatures;
-    no_amx.amx_bf16 = false;
-    ScopedCpuFeatureMask hide_amx(no_amx);
+    testing::ScopedWithoutAmx hide_amx;
     EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16), "prefill: avx512_bf16_packed");
     EXPECT_EQ(report(DType::kF8E5M2, prefill, true, DType::kBF16), "prefill: avx512_bf16_packed");
     EXPECT_EQ(report(DType::kBF16, decode, false, DType::kBF16),
@@ -1260,37 +1271,12 @@ TEST(KernelTest, DecodeDeclinesMidTileLikeTheReference) {
         const int64_t element =
             ((page * 16 + 45 % 16) * 2 * c.spec.num_kv_heads + 2 * 2) * c.spec.head_dim + 3;
         StoreFromF32(DType::kBF16, b.kv_pages.data(), element, bad);
-        const Outputs fast = RunCase(c, b, true), ref = RunCase(c, b, false);
-        const int64_t count = b.num_tokens * c.spec.num_q_heads * c.spec.head_dim;
-        int reported = 0;
-        for (int64_t i = 0; i < count && reported < 3; ++i) {
-          const double got = LoadAsF32(DType::kBF16, fast.out.data(), i);
-          const double want = LoadAsF32(DType::kBF16, ref.out.data(), i);
-          const bool same = std::isnan(want) ? std::isnan(got)
-                            : std::isinf(want) ? got == want
-                                               : std::fabs(got - want) <= Tolerance(c, want);
-          if (!same) {
-            ADD_FAILURE() << c.Name() << " bad " << bad << "\n  element " << i << ": got " << got
-                          << " want " << want;
-            ++reported;
-          }
-        }
-        for (size_t i = 0; i < ref.lse.size() && reported < 3; ++i) {
-          const float got = fast.lse[i], want = ref.lse[i];
-          const bool same = std::isnan(want) ? std::isnan(got)
-                            : std::isinf(want) ? got == want
-                                               : std::fabs(got - want) <= LseTolerance(c, want);
-          if (!same) {
-            ADD_FAILURE() << c.Name() << " bad " << bad << "\n  lse " << i << ": got " << got
-                          << " want " << want;
-            ++reported;
-          }
-        }
+        SCOPED_TRACE(::testing::Message() << "K element " << bad << " at key 45");
+        ExpectClose(c, b, RunCase(c, b, true), RunCase(c, b, false), NonFinite::kLikeReference);
       }
     }
   }
 }
-
 
 // Every visible logit -inf under mask_value -inf, or every logit -inf under
 // an additive mask: the reference's row is exp(-inf - -inf) = NaN (fuzz

@@ -29,6 +29,7 @@
 #include "testing/amx_emulation.h"
 #include "testing/mla_batch.h"
 #include "testing/tolerance.h"
+#include "testing/without_amx.h"
 
 // Counts every allocation of the process, so a warm run can be shown to
 // allocate nothing. Not under a sanitizer (which owns operator new).
@@ -198,9 +199,7 @@ TEST(MlaTest, MatchesTheFloat64ReferenceOverTheGrid) {
       // AMD's rules (the bf16-pair kernel for bf16 q) on any CPU with
       // AVX-512 BF16, AMX hidden.
       const internal::ScopedVendorRules amd(/*amd=*/true);
-      internal::CpuFeatures no_amx = internal::kAllCpuFeatures;
-      no_amx.amx_bf16 = false;
-      const internal::ScopedCpuFeatureMask hide_amx(no_amx);
+      const testing::ScopedWithoutAmx hide_amx;
       MlaPlan pairs;
       pairs.Plan(b.Shape(), b.PageTable(), options);
       ExpectNear(b, RunPlanned(pairs, b), want,

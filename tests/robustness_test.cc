@@ -316,6 +316,13 @@ TEST(RobustnessTest, F6_PagedHugeComputeBlockWithNoPages) {
 
 // The library against the reference with NaN in the same places and
 // infinities of the same sign.
+// got like the reference's want: NaN for NaN, the same infinity, else
+// within tol.
+bool LikeReference(double got, double want, double tol) {
+  return std::isnan(want) ? std::isnan(got) : std::isinf(want) ? got == want
+                                                               : std::fabs(got - want) <= tol;
+}
+
 void ExpectLikeReference(const SyntheticBatch& b, const AttentionOptions& o, double tol) {
   std::vector<uint8_t> ref = b.NewOutput();
   RefRaggedPagedAttention(b.Q(), b.KvPages(),
@@ -328,10 +335,7 @@ void ExpectLikeReference(const SyntheticBatch& b, const AttentionOptions& o, dou
     const auto* w = reinterpret_cast<const float*>(ref.data());
     int shown = 0;
     for (size_t i = 0; i < out.size() / 4 && shown < 3; ++i) {
-      const bool ok = std::isnan(w[i]) ? std::isnan(g[i])
-                      : std::isinf(w[i]) ? g[i] == w[i]
-                                         : std::fabs(g[i] - w[i]) <= tol;
-      if (!ok) {
+      if (!LikeReference(g[i], w[i], tol)) {
         ADD_FAILURE() << call.name << " out[flat " << i << "] = " << g[i] << ", reference "
                       << w[i];
         ++shown;
@@ -483,10 +487,7 @@ void ExpectAmxLikeReference(const SyntheticBatch& b, const AttentionOptions& o) 
     for (int64_t i = 0; i < count && shown < 3; ++i) {
       const double got = LoadAsF32(DType::kBF16, out.data(), i);
       const double want = LoadAsF32(DType::kBF16, ref.data(), i);
-      const bool ok = std::isnan(want) ? std::isnan(got)
-                                       : std::fabs(got - want) <=
-                                             SpecTolerance(b) * (1 + std::fabs(want));
-      if (!ok) {
+      if (!LikeReference(got, want, SpecTolerance(b) * (1 + std::fabs(want)))) {
         ADD_FAILURE() << path << " out[flat " << i << "] = " << got << ", reference " << want;
         ++shown;
       }

@@ -88,6 +88,13 @@ struct AmxPvBf16Args {
 // acc[r * acc_stride + d] += sum_{i < n} p_bf16[r * p_stride + i] * v_i[d].
 void AmxPvBf16(const AmxPvBf16Args& args);
 
+// These two products as the tile unit the AMX kernels are written over
+// (amx_prefill.h, mla/mla_amx.h); each kernel's unit adds its kName.
+struct AmxHardwareTiles {
+  static void Logits(const AmxLogitsArgs& args) { AmxLogits(args); }
+  static void PvBf16(const AmxPvBf16Args& args) { AmxPvBf16(args); }
+};
+
 // tilerelease: returns the thread's tiles to their init state (the kernel
 // then skips saving ~8 KiB of tile data on context switches) and forgets
 // the thread's current configuration, so the next product reloads it. The

@@ -5,10 +5,8 @@
 namespace rpa::internal {
 namespace {
 
-struct HardwareTiles {
+struct HardwareTiles : AmxHardwareTiles {
   static constexpr const char* kName = "amx_prefill";
-  static void Logits(const AmxLogitsArgs& args) { AmxLogits(args); }
-  static void PvBf16(const AmxPvBf16Args& args) { AmxPvBf16(args); }
 };
 
 }  // namespace

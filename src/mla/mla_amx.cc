@@ -111,10 +111,8 @@ AmxPvBf16Args PvArgs(const MlaKernelArgs& args, const MlaTile& tile) {
 
 namespace {
 
-struct HardwareTiles {
+struct HardwareTiles : AmxHardwareTiles {
   static constexpr const char* kName = "mla_amx";
-  static void Logits(const AmxLogitsArgs& args) { AmxLogits(args); }
-  static void PvBf16(const AmxPvBf16Args& args) { AmxPvBf16(args); }
 };
 
 }  // namespace
