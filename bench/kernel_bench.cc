@@ -208,7 +208,7 @@ struct RotatingDecodeCache {
 
 // Whole decode calls on the rotating copies; range(0) threads, range(1) q
 // heads per kv head (4: decode's shape; 8 as Llama-3-70B: two fused groups
-// per kv head).
+// per kv head; 16: the middle class, as verify's 4 tokens x 4 q heads).
 void BM_Decode(benchmark::State& state) {
   const RotatingDecodeCache cache(state.range(1));
   const testing::SyntheticBatch& batch = cache.batch;
@@ -237,6 +237,7 @@ BENCHMARK(BM_Decode)
     ->Args({1, 4})
     ->Args({2, 4})
     ->Args({1, 8})
+    ->Args({1, 16})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -264,16 +265,21 @@ inline void ReadLines(const uint8_t* r, uint64_t* bits) {
 }
 
 // The memory side of BM_Decode alone: the same rows read in the kernel's
-// order (a sequence per task; 32-key tiles; per kv head the tile's K rows,
-// then its V rows: row c of a token, c = 2h for K and 2h + 1 for V, in order
-// of c) with the same prefetches of the next tile's rows (as many, in
-// address order, into L1: WalkTiles' NextTileRows), one load per cache line
-// and no arithmetic. Its time bounds the decode call from below on this
-// access pattern, whatever the kernel computes.
+// order (a sequence per task; range(2)-key tiles; per kv head the tile's K
+// rows, then its V rows: row c of a token, c = 2h for K and 2h + 1 for V,
+// in order of c), one load per cache line and no arithmetic, with the next
+// tile's rows prefetched as WalkTiles' NextTileRows does: range(1) 0 in
+// address order into L1 (AMD's rule), 1 each pass its own kv head's rows
+// into L2 (other CPUs'), 2 none (the hardware prefetchers alone). Its time
+// bounds the decode call from below on this access pattern, whatever the
+// kernel computes. range(0): threads.
 void BM_DecodeMemoryOnly(benchmark::State& state) {
   const RotatingDecodeCache cache;
   const DecodeCacheRows row{cache.batch};
-  constexpr int64_t kTile = DecodeCacheRows::kTile, kRowsPerToken = 2 * DecodeCacheRows::kKvHeads;
+  const int64_t prefetch = state.range(1), tile = state.range(2);
+  constexpr int64_t kRowsPerToken = 2 * DecodeCacheRows::kKvHeads;
+  const internal::PrefetchTo level =
+      prefetch == 0 ? internal::PrefetchTo::kL1 : internal::PrefetchTo::kL2;
   internal::ThreadPool& pool = internal::GlobalThreadPool();
   std::vector<uint64_t> sums(DecodeCacheRows::kSeqs);
   int copy = 0;
@@ -282,22 +288,27 @@ void BM_DecodeMemoryOnly(benchmark::State& state) {
     copy = (copy + 1) % cache.copies;
     pool.ParallelFor(DecodeCacheRows::kSeqs, static_cast<int>(state.range(0)), [&](int64_t seq, int) {
       uint64_t bits = 0;
-      for (int64_t t = 0; t < kTile; ++t) {
-        for (int64_t c = 0; c < kRowsPerToken; ++c) {
-          internal::PrefetchRow(row(base, seq, t, c), DecodeCacheRows::kRowBytes,
-                                internal::PrefetchTo::kL1);
+      if (prefetch != 2) {
+        for (int64_t t = 0; t < tile; ++t) {
+          for (int64_t c = 0; c < kRowsPerToken; ++c) {
+            internal::PrefetchRow(row(base, seq, t, c), DecodeCacheRows::kRowBytes, level);
+          }
         }
       }
-      for (int64_t t0 = 0; t0 < DecodeCacheRows::kKvLen; t0 += kTile) {
-        const bool next = t0 + kTile < DecodeCacheRows::kKvLen;
+      for (int64_t t0 = 0; t0 < DecodeCacheRows::kKvLen; t0 += tile) {
+        const bool next = prefetch != 2 && t0 + tile < DecodeCacheRows::kKvLen;
         for (int64_t c = 0; c < kRowsPerToken; ++c) {
-          for (int64_t t = t0; t < t0 + kTile; ++t) {
-            // Visit (c, t) prefetches the next tile's row number c * tile + t
-            // in address order: token by token, row by row.
-            const int64_t j = c * kTile + (t - t0);
-            if (next) {
-              internal::PrefetchRow(row(base, seq, t0 + kTile + j / kRowsPerToken, j % kRowsPerToken),
-                                    DecodeCacheRows::kRowBytes, internal::PrefetchTo::kL1);
+          for (int64_t t = t0; t < t0 + tile; ++t) {
+            if (next && prefetch == 0) {
+              // Visit (c, t) prefetches the next tile's row number c * tile
+              // + t in address order: token by token, row by row.
+              const int64_t j = c * tile + (t - t0);
+              internal::PrefetchRow(
+                  row(base, seq, t0 + tile + j / kRowsPerToken, j % kRowsPerToken),
+                  DecodeCacheRows::kRowBytes, level);
+            } else if (next) {
+              internal::PrefetchRow(row(base, seq, t + tile, c), DecodeCacheRows::kRowBytes,
+                                    level);
             }
             ReadLines(row(base, seq, t, c), &bits);
           }
@@ -310,7 +321,12 @@ void BM_DecodeMemoryOnly(benchmark::State& state) {
   state.counters["KV_bytes/s"] =
       benchmark::Counter(kDecodeKvBytes * state.iterations(), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_DecodeMemoryOnly)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DecodeMemoryOnly)
+    ->ArgsProduct({{1}, {0, 1, 2}, {8, 16, 32}})
+    ->Args({2, 0, 32})
+    ->Args({2, 1, 32})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // What one core can stream of decode's cache with nothing else in the way:
 // every row in address order (token by token, each 4 KiB token row whole),
@@ -385,6 +401,31 @@ BENCHMARK(BM_DecodeHot)
     ->Args({1, 7})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// A whole prefill call (1 x 2048 tokens, causal, the decode shape's heads,
+// bf16), K/V in the caches (4 MiB per kv head... 64 MiB in all: from L3 at
+// most): the prefill path's arithmetic, for profiles without `rpa bench`'s
+// baselines in the way. range(0) threads.
+void BM_Prefill(benchmark::State& state) {
+  testing::BatchSpec spec;
+  spec.sequences = {{2048, 2048}};
+  const testing::SyntheticBatch batch = testing::MakeSyntheticBatch(spec);
+  std::vector<uint8_t> out = batch.NewOutput();
+  AttentionOptions options;
+  options.sm_scale = 1.0 / std::sqrt(128.0);
+  options.num_threads = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    RaggedPagedAttention(batch.Q(), batch.KvPages(),
+                         PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(),
+                                   batch.NumSeqs()},
+                         options, batch.OutView(out));
+  }
+  // q.k and p.v over the causal keys: 4 * head_dim per (row, key, q head).
+  const double flops = 2048.0 * 2049 / 2 * 32 * 4 * 128;
+  state.counters["FLOP/s"] =
+      benchmark::Counter(flops * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Prefill)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace rpa

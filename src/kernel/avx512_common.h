@@ -140,8 +140,9 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 BlockLogits(const
 RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 ExpNonPositive(__m512 x) {
   namespace e = exp_non_positive;
   const __m512 lowest = _mm512_set1_ps(e::kLowest);
+  // Lanes below kLowest (-inf included) come out 0 by the zero-masking of the
+  // last step; what they compute before it (NaN from -inf) is never seen.
   const __mmask16 normal = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
-  x = _mm512_max_ps(x, lowest);  // -inf would make the reduced argument NaN.
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(e::kLog2E)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(e::kLn2Hi), x);

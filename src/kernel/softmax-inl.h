@@ -24,6 +24,7 @@
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "kernel/avx512_common.h"  // x86-64 only: its AVX-512 exp.
 #include "kernel/exp_non_positive.h"
 #include "kernel/highway_load-inl.h"
 
@@ -31,8 +32,15 @@ HWY_BEFORE_NAMESPACE();
 namespace rpa::internal {
 namespace HWY_NAMESPACE {
 // e^x for x <= 0, -inf included (exp_non_positive.h: the method, its error
-// and why Estrin's form).
+// and why Estrin's form). On AVX-512 the fused decode tiles' (avx512_common.h):
+// there 2^n is one vscalefps, where the portable form below takes seven
+// instructions (Highway's ConvertTo guards against overflow), a quarter of
+// the softmax's exp loop (docs/kernel_log.md, 2026-12-06 second AMX session).
 HWY_INLINE VF ExpNonPositive(DF df, VF x) {
+#if HWY_TARGET <= HWY_AVX3
+  (void)df;
+  return VF{avx512::ExpNonPositive(x.raw)};
+#else
   namespace e = exp_non_positive;
   const hn::RebindToSigned<DF> di;
   const VF lowest = hn::Set(df, e::kLowest);
@@ -52,6 +60,7 @@ HWY_INLINE VF ExpNonPositive(DF df, VF x) {
   const auto two_to_n =
       hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
   return hn::IfThenElseZero(normal, hn::Mul(poly, two_to_n));
+#endif
 }
 
 struct SoftmaxParams {
