@@ -57,7 +57,7 @@ template <class Unit, DType kDtype>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* k_packed = TilePacks<kDtype>::Keys(tile, scratch);
+  const uint16_t* k_packed = TilePacks<kDtype, NextTilePrefetch::kNone>::Keys(tile, scratch);
   Unit::Logits({static_cast<const uint16_t*>(q.data), q.stride, q.rows, k_packed, tile.n,
                 tile.head_dim, s.s, s.stride});
 }
@@ -72,7 +72,7 @@ template <class Unit, DType kDtype>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* v_packed = TilePacks<kDtype>::Values(tile, scratch);
+  const uint16_t* v_packed = TilePacks<kDtype, NextTilePrefetch::kNone>::Values(tile, scratch);
   const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
   const int64_t p_stride = AmxRoundUp(tile.n, kAmxKeyAlign);
   AmxPvBf16Args pv{weights, p_stride, p.rows / kAmxTileRows * kAmxTileRows, v_packed, tile.n,

@@ -95,7 +95,7 @@ template <DType kDtype>
 RPA_AVX512_BF16_TARGET void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* kp = TilePacks<kDtype>::Keys(tile, scratch);
+  const uint16_t* kp = TilePacks<kDtype, NextTilePrefetch::kUpFront>::Keys(tile, scratch);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   ForEachRowBlock(q.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
     LogitsBlockArgs a{static_cast<const uint16_t*>(q.data) + r * q.stride,
@@ -154,7 +154,7 @@ template <DType kDtype>
 RPA_AVX512_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
                         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* vp = TilePacks<kDtype>::Values(tile, scratch);
+  const uint16_t* vp = TilePacks<kDtype, NextTilePrefetch::kUpFront>::Values(tile, scratch);
   const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   const int64_t d16 = AmxRoundUp(tile.head_dim, kAmxVDimAlign);

@@ -66,8 +66,9 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void Transpose16x16
 // The packs prefetch the rows they read kPackRowsAhead rows ahead, into L1:
 // a tile's rows are a token apart (4 KiB in the combined layout), a stride
 // the hardware prefetchers do not follow, and the next tile's rows that
-// PackTile prefetches up front into L2 do not all stay there beside a
-// prefill tile's logits (docs/kernel_log.md, twelfth session).
+// PackTile prefetches up front into L2 (NextTilePrefetch::kUpFront) do not
+// all stay there beside a prefill tile's logits (docs/kernel_log.md,
+// twelfth session).
 constexpr int64_t kPackRowsAhead = 16;
 
 template <DType kDtype>
@@ -170,12 +171,14 @@ void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
 
 namespace {
 
-// rows (after prefetching the next tile's, `next`) packed by kPack into
-// scratch.packed.
-template <DType kDtype, void (*kPack)(const AmxPackArgs&)>
+// rows (after prefetching the next tile's, `next`, where kNext says so)
+// packed by kPack into scratch.packed.
+template <DType kDtype, void (*kPack)(const AmxPackArgs&), NextTilePrefetch kNext>
 const uint16_t* PackTile(const KvRows& rows, const KvRows& next, const KvTile& tile,
                          const TileScratch& scratch) {
-  PrefetchRows(next, 0, next.count, tile.row_bytes);
+  if constexpr (kNext == NextTilePrefetch::kUpFront) {
+    PrefetchRows(next, 0, next.count, tile.row_bytes);
+  }
   uint16_t* packed = reinterpret_cast<uint16_t*>(scratch.packed);
   if (tile.n > 0 && tile.head_dim > 0) {
     for (int64_t i = 0; i < rows.count; ++i) scratch.row_pointers[i] = rows[i];
@@ -186,20 +189,24 @@ const uint16_t* PackTile(const KvRows& rows, const KvRows& next, const KvTile& t
 
 }  // namespace
 
-template <DType kDtype>
-const uint16_t* TilePacks<kDtype>::Keys(const KvTile& tile, const TileScratch& scratch) {
-  return PackTile<kDtype, PackKeysImpl<kDtype>>(tile.k, tile.k_next, tile, scratch);
+template <DType kDtype, NextTilePrefetch kNext>
+const uint16_t* TilePacks<kDtype, kNext>::Keys(const KvTile& tile, const TileScratch& scratch) {
+  return PackTile<kDtype, PackKeysImpl<kDtype>, kNext>(tile.k, tile.k_next, tile, scratch);
 }
 
-template <DType kDtype>
-const uint16_t* TilePacks<kDtype>::Values(const KvTile& tile, const TileScratch& scratch) {
-  return PackTile<kDtype, PackValuesImpl<kDtype>>(tile.v, tile.v_next, tile, scratch);
+template <DType kDtype, NextTilePrefetch kNext>
+const uint16_t* TilePacks<kDtype, kNext>::Values(const KvTile& tile, const TileScratch& scratch) {
+  return PackTile<kDtype, PackValuesImpl<kDtype>, kNext>(tile.v, tile.v_next, tile, scratch);
 }
 
-template struct TilePacks<DType::kBF16>;
-template struct TilePacks<DType::kF8E4M3FN>;
-template struct TilePacks<DType::kF8E5M2>;
-template struct TilePacks<DType::kI8>;
+#define RPA_DEFINE_TILE_PACKS(kNext)                           \
+  template struct TilePacks<DType::kBF16, kNext>;             \
+  template struct TilePacks<DType::kF8E4M3FN, kNext>;         \
+  template struct TilePacks<DType::kF8E5M2, kNext>;           \
+  template struct TilePacks<DType::kI8, kNext>;
+RPA_DEFINE_TILE_PACKS(NextTilePrefetch::kUpFront)
+RPA_DEFINE_TILE_PACKS(NextTilePrefetch::kNone)
+#undef RPA_DEFINE_TILE_PACKS
 
 const uint16_t* WeightsToBf16InPlace(const TileLogits& p, int64_t n) {
   uint16_t* weights = reinterpret_cast<uint16_t*>(p.s);

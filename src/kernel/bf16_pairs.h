@@ -57,19 +57,32 @@ void AmxPackValues(const AmxPackArgs& args);
 void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
                       uint16_t* p_bf16);
 
+// Whether a tile step prefetches the next tile's rows (KvTile::k_next,
+// v_next, into the cache they name) before packing its own: avx512_bf16_packed
+// does (tuned on Zen 5); amx_prefill does not: on the AMX Xeon that burst of
+// prefetches (a whole tile's rows at once) stalled the packs, and dropping it
+// made the middle class 12-14% and prefill 7-11% faster (docs/kernel_log.md,
+// 2026-12-06 second AMX session). The packs' own prefetch kPackRowsAhead rows
+// ahead (bf16_pairs.cc) stays in both.
+enum class NextTilePrefetch : uint8_t { kUpFront, kNone };
+
 // The kernels' tile steps, each instance for K/V of kDtype (bf16, e4m3fn,
 // e5m2 or int8): the tile's K (or V) rows packed as AmxPackKeys (or
 // AmxPackValues) packs them into scratch.packed, after prefetching the next
-// tile's rows; returns the packed tile.
-template <DType kDtype>
+// tile's rows where kNext says so; returns the packed tile.
+template <DType kDtype, NextTilePrefetch kNext>
 struct TilePacks {
   static const uint16_t* Keys(const KvTile& tile, const TileScratch& scratch);
   static const uint16_t* Values(const KvTile& tile, const TileScratch& scratch);
 };
-extern template struct TilePacks<DType::kBF16>;
-extern template struct TilePacks<DType::kF8E4M3FN>;
-extern template struct TilePacks<DType::kF8E5M2>;
-extern template struct TilePacks<DType::kI8>;
+#define RPA_DECLARE_TILE_PACKS(kNext)                                  \
+  extern template struct TilePacks<DType::kBF16, kNext>;              \
+  extern template struct TilePacks<DType::kF8E4M3FN, kNext>;          \
+  extern template struct TilePacks<DType::kF8E5M2, kNext>;            \
+  extern template struct TilePacks<DType::kI8, kNext>;
+RPA_DECLARE_TILE_PACKS(NextTilePrefetch::kUpFront)
+RPA_DECLARE_TILE_PACKS(NextTilePrefetch::kNone)
+#undef RPA_DECLARE_TILE_PACKS
 
 // The softmax's f32 weights p as bf16 in place (AmxWeightsToBf16's layout,
 // [RoundUp(p.rows, 16)][RoundUp(n, 32)] over p's rows): row r's bf16 end
