@@ -57,15 +57,10 @@ void AmxPackValues(const AmxPackArgs& args);
 void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
                       uint16_t* p_bf16);
 
-// Whether a tile step prefetches the next tile's rows (KvTile::k_next,
-// v_next, into the cache they name) before packing its own: avx512_bf16_packed
-// does (tuned on Zen 5); amx_prefill does not: on the AMX Xeon that burst of
-// prefetches (a whole tile's rows at once) stalled the packs, and dropping it
-// made the middle class 12-14% and prefill 7-11% faster (docs/kernel_log.md,
-// 2026-12-06 second AMX session). The packs' own prefetch kPackRowsAhead rows
-// ahead (bf16_pairs.cc) stays in both.
-enum class NextTilePrefetch : uint8_t { kUpFront, kNone };
-
+// Whether a tile step prefetches the next tile's rows (KvTile::k_next, v_next)
+// before packing its own (NextTilePrefetch, tile_kernel.h): avx512_bf16_packed
+// does (tuned on Zen 5), amx_prefill does not. The packs' own prefetch
+// kPackRowsAhead rows ahead (bf16_pairs.cc) stays in both.
 // The kernels' tile steps, each instance for K/V of kDtype (bf16, e4m3fn,
 // e5m2 or int8): the tile's K (or V) rows packed as AmxPackKeys (or
 // AmxPackValues) packs them into scratch.packed, after prefetching the next

@@ -32,7 +32,8 @@ void Pv(const MlaKernelArgs& args, const MlaTile& tile) {
   Unit::PvBf16(PvArgs(args, tile));
 }
 template <class Unit>
-inline constexpr MlaKernel kKernelOn = {Unit::kName, /*e4m3_scaled=*/false, PrepareQ,
+inline constexpr MlaKernel kKernelOn = {Unit::kName, /*e4m3_scaled=*/false,
+                                        NextTilePrefetch::kNone, PrepareQ,
                                         PrepareTile, Logits<Unit>, Pv<Unit>};
 
 }  // namespace rpa::internal::mla_amx

@@ -355,7 +355,8 @@ RPA_MLA_BF16_TARGET MlaTile MlaTileAsBf16Rows(const MlaKernelArgs& args, const M
 }
 
 const MlaKernel kMlaAvx512Bf16Pairs = {"mla_avx512_bf16_pairs", /*e4m3_scaled=*/false,
-                                       PairsPrepareQ, PairsPrepareTile, PairsLogits, PairsPv};
+                                       NextTilePrefetch::kUpFront, PairsPrepareQ,
+                                       PairsPrepareTile, PairsLogits, PairsPv};
 
 }  // namespace rpa::internal
 

@@ -97,7 +97,8 @@ void F32Pv(const MlaKernelArgs& args, const MlaTile& tile) {
   F32Product(g, args.rows, args.dim_ckv);
 }
 
-const MlaKernel kF32Kernel = {"mla_highway_f32", /*e4m3_scaled=*/true, F32PrepareQ,
+const MlaKernel kF32Kernel = {"mla_highway_f32", /*e4m3_scaled=*/true,
+                              NextTilePrefetch::kUpFront, F32PrepareQ,
                               F32PrepareTile, F32Logits, F32Pv};
 
 // ---- The task loop.
@@ -173,7 +174,8 @@ void TileRows(const MlaProblem& p, const MlaTask& task, int64_t t0, int64_t n,
 }
 
 // Prefetches keys [t0, t0 + n) of the task into L2 while the tile before
-// them computes: the logits are their first reader, one row per key.
+// them computes, where the kernel asks for it (MlaKernel::next_tile): the
+// logits are their first reader, one row per key.
 void PrefetchTile(const MlaProblem& p, const MlaTask& task, int64_t t0, int64_t n) {
   const int64_t elem = static_cast<int64_t>(SizeOf(p.kv_dtype));
   const int32_t* pages = p.page_indices + p.page_begin[task.seq];
@@ -293,7 +295,9 @@ void RunTask(const MlaProblem& p, const MlaTask& task, const MlaKernel& kernel,
   for (int64_t t0 = task.kv_begin; t0 < task.kv_end; t0 += kMlaTileKeys) {
     const int64_t n = std::min<int64_t>(kMlaTileKeys, task.kv_end - t0);
     TileRows(p, task, t0, n, s);
-    PrefetchTile(p, task, t0 + n, std::min<int64_t>(kMlaTileKeys, task.kv_end - t0 - n));
+    if (kernel.next_tile == NextTilePrefetch::kUpFront) {
+      PrefetchTile(p, task, t0 + n, std::min<int64_t>(kMlaTileKeys, task.kv_end - t0 - n));
+    }
     const MlaTile tile = kernel.prepare_tile(args, MlaTile{p.kv_dtype, n, s.ckv_rows, s.kpe_rows});
     kernel.logits(args, tile);
     const bool masked_keys = p.causal && t0 + n - 1 > t.first_pos;

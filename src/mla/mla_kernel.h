@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "kernel/cpu_features.h"
+#include "kernel/tile_kernel.h"  // NextTilePrefetch
 #include "mla/mla_problem.h"
 
 namespace rpa::internal {
@@ -85,6 +86,9 @@ struct MlaKernel {
   // Reads fp8 e4m3fn values as value * 2^-8 (kE4M3Rescale), which the task
   // loop undoes in the logit and output scales (MlaValueUnit).
   bool e4m3_scaled;
+  // Whether the task loop prefetches the next tile's rows into L2 while
+  // this one computes (NextTilePrefetch, tile_kernel.h).
+  NextTilePrefetch next_tile;
   // Once per task: scratch->qt (exact copies of q's values) to the format
   // the kernel's logits read.
   void (*prepare_q)(const MlaKernelArgs& args);
