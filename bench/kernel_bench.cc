@@ -175,6 +175,15 @@ BENCHMARK(BM_FusedTileBf16Pairs);
 
 // Decode's batch: 16 sequences x 1 query, kv 1024, 32/8 heads, head_dim
 // 128, bf16; its K/V bytes and FLOPs per call.
+// The whole-call benches' options: head_dim 128's softmax scale, range(0)
+// threads.
+AttentionOptions CallOptions(const benchmark::State& state) {
+  AttentionOptions options;
+  options.sm_scale = 1.0 / std::sqrt(128.0);
+  options.num_threads = static_cast<int>(state.range(0));
+  return options;
+}
+
 testing::SyntheticBatch DecodeBatch(int64_t q_heads_per_kv_head = 4) {
   testing::BatchSpec spec;
   spec.num_q_heads = spec.num_kv_heads * q_heads_per_kv_head;
@@ -214,9 +223,7 @@ void BM_Decode(benchmark::State& state) {
   const testing::SyntheticBatch& batch = cache.batch;
   const TensorView kv = batch.KvPages();
   std::vector<uint8_t> out = batch.NewOutput();
-  AttentionOptions options;
-  options.sm_scale = 1.0 / std::sqrt(128.0);
-  options.num_threads = static_cast<int>(state.range(0));
+  const AttentionOptions options = CallOptions(state);
   int copy = 0;
   for (auto _ : state) {
     const TensorView view(cache.Copy(copy), kv.dtype,
@@ -383,9 +390,7 @@ void BM_DecodeHot(benchmark::State& state) {
   const TensorView hot_pages(page_zero.data(), DType::kI32,
                              {pages_view.shape[0], pages_view.shape[1]});
   std::vector<uint8_t> out = batch.NewOutput();
-  AttentionOptions options;
-  options.sm_scale = 1.0 / std::sqrt(128.0);
-  options.num_threads = static_cast<int>(state.range(0));
+  const AttentionOptions options = CallOptions(state);
   for (auto _ : state) {
     RaggedPagedAttention(batch.Q(), batch.KvPages(),
                          PageTable{batch.KvLens(), hot_pages, batch.CuQLens(), batch.NumSeqs()},
@@ -403,17 +408,15 @@ BENCHMARK(BM_DecodeHot)
     ->Unit(benchmark::kMillisecond);
 
 // A whole prefill call (1 x 2048 tokens, causal, the decode shape's heads,
-// bf16), K/V in the caches (4 MiB per kv head... 64 MiB in all: from L3 at
-// most): the prefill path's arithmetic, for profiles without `rpa bench`'s
-// baselines in the way. range(0) threads.
+// bf16; 8 MiB of K/V, read from L2 and L3 after the first call): the prefill
+// path's arithmetic, for profiles without `rpa bench`'s baselines in the
+// way. range(0) threads.
 void BM_Prefill(benchmark::State& state) {
   testing::BatchSpec spec;
   spec.sequences = {{2048, 2048}};
   const testing::SyntheticBatch batch = testing::MakeSyntheticBatch(spec);
   std::vector<uint8_t> out = batch.NewOutput();
-  AttentionOptions options;
-  options.sm_scale = 1.0 / std::sqrt(128.0);
-  options.num_threads = static_cast<int>(state.range(0));
+  const AttentionOptions options = CallOptions(state);
   for (auto _ : state) {
     RaggedPagedAttention(batch.Q(), batch.KvPages(),
                          PageTable{batch.KvLens(), batch.PageIndices(), batch.CuQLens(),
