@@ -56,9 +56,13 @@ HWY_INLINE VF ExpNonPositive(DF df, VF x) {
   const VF low = hn::MulAdd(r2, pair(2), pair(0));
   const VF high = hn::MulAdd(r2, pair(6), pair(4));
   const VF poly = hn::MulAdd(hn::Mul(r2, r2), high, low);
-  // 2^n from its exponent bits: -126 <= n <= 0 here, a normal float.
-  const auto two_to_n =
-      hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
+  // 2^n from its exponent bits, n + 127 (-126 <= n <= 0 here: a normal
+  // float). Added to 1.5 * 2^23, the integer n + 127 lands exactly in the
+  // mantissa's low bits, which the shift moves to the exponent and the rest
+  // out: no float-to-int conversion (Highway's ConvertTo adds a four-
+  // instruction overflow fix-up on x86).
+  const VF biased = hn::Add(n, hn::Set(df, 12582912.0f + 127.0f));
+  const auto two_to_n = hn::BitCast(df, hn::ShiftLeft<23>(hn::BitCast(di, biased)));
   return hn::IfThenElseZero(normal, hn::Mul(poly, two_to_n));
 #endif
 }
