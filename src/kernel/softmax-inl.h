@@ -32,10 +32,10 @@ HWY_BEFORE_NAMESPACE();
 namespace rpa::internal {
 namespace HWY_NAMESPACE {
 // e^x for x <= 0, -inf included (exp_non_positive.h: the method, its error
-// and why Estrin's form). On AVX-512 the fused decode tiles' (avx512_common.h):
-// there 2^n is one vscalefps, where the portable form below takes seven
-// instructions (Highway's ConvertTo guards against overflow), a quarter of
-// the softmax's exp loop (docs/kernel_log.md, 2026-12-06 second AMX session).
+// and why Estrin's form). On AVX-512 the fused decode tiles' (avx512_common.h),
+// where one zero-masked vscalefps does the portable form's last five
+// instructions (2^n, the product, the zeroing) and makes its clamp needless
+// (docs/kernel_log.md, 2026-12-06 second AMX session).
 HWY_INLINE VF ExpNonPositive(DF df, VF x) {
 #if HWY_TARGET <= HWY_AVX3
   (void)df;
