@@ -29,7 +29,7 @@ eval "defines=($(value CXX_DEFINES))"
 eval "includes=($(value CXX_INCLUDES))"
 eval "cxxflags=($(value CXX_FLAGS))"
 count=0
-for source in src/*.cc src/{validate,plan,run,reference,threads,kernel}/*.cc; do
+for source in src/*.cc src/*/*.cc; do
   object="$out/$(echo "$source" | tr / _).o"
   aarch64-linux-gnu-g++ "${defines[@]}" "${includes[@]}" -isystem "$out/include" \
     "${cxxflags[@]}" -c "$source" -o "$object"
