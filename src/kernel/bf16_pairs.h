@@ -57,14 +57,13 @@ void AmxPackValues(const AmxPackArgs& args);
 void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
                       uint16_t* p_bf16);
 
-// Whether a tile step prefetches the next tile's rows (KvTile::k_next, v_next)
-// before packing its own (NextTilePrefetch, tile_kernel.h): avx512_bf16_packed
-// does (tuned on Zen 5), amx_prefill does not. The packs' own prefetch
-// kPackRowsAhead rows ahead (bf16_pairs.cc) stays in both.
 // The kernels' tile steps, each instance for K/V of kDtype (bf16, e4m3fn,
 // e5m2 or int8): the tile's K (or V) rows packed as AmxPackKeys (or
-// AmxPackValues) packs them into scratch.packed, after prefetching the next
-// tile's rows where kNext says so; returns the packed tile.
+// AmxPackValues) packs them into scratch.packed; returns the packed tile.
+// With kNext = kUpFront the next tile's rows (KvTile::k_next, v_next) are
+// prefetched first (avx512_bf16_packed, tuned on Zen 5); amx_prefill takes
+// kNone (NextTilePrefetch, tile_kernel.h). The packs' own prefetch
+// kPackRowsAhead rows ahead (bf16_pairs.cc) runs in both.
 template <DType kDtype, NextTilePrefetch kNext>
 struct TilePacks {
   static const uint16_t* Keys(const KvTile& tile, const TileScratch& scratch);

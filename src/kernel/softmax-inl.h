@@ -33,9 +33,9 @@ namespace rpa::internal {
 namespace HWY_NAMESPACE {
 // e^x for x <= 0, -inf included (exp_non_positive.h: the method, its error
 // and why Estrin's form). On AVX-512 the fused decode tiles' (avx512_common.h),
-// where one zero-masked vscalefps does the portable form's last five
-// instructions (2^n, the product, the zeroing) and makes its clamp needless
-// (docs/kernel_log.md, 2026-12-06 second AMX session).
+// where one zero-masked vscalefps does 2^n, the product and the zeroing, and
+// makes the clamp needless (docs/kernel_log.md, 2026-12-06 second AMX
+// session).
 HWY_INLINE VF ExpNonPositive(DF df, VF x) {
 #if HWY_TARGET <= HWY_AVX3
   (void)df;

@@ -91,7 +91,7 @@ enum class PrefetchTo : uint8_t { kL2, kL1 };
 // (kUpFront) or leaves them to the hardware and its own prefetches a few rows
 // ahead (kNone). The AMX kernels do not: on the AMX Xeon the burst (a whole
 // tile's rows at once) stalled the step behind it; without it the AMX middle
-// class ran 12-14% faster, prefill 7-11%, MLA's 16-head decode 6-8%
+// class ran 12-14% faster, prefill 7-11%, MLA's 16-head decode 4-8%
 // (docs/kernel_log.md, 2026-12-06 second AMX session). The others keep it
 // (tuned on Zen 4/5, not measured without it there).
 enum class NextTilePrefetch : uint8_t { kUpFront, kNone };
