@@ -126,9 +126,7 @@ inline double RelTolerance(DType q_dtype, DType kv_dtype) {
 // Whether `got` matches `want` within abs_tol + rel_tol * |want|, NaN where
 // the reference has NaN and infinities of the same sign.
 inline bool Close(double got, double want, double abs_tol, double rel_tol) {
-  if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
-  if (std::isinf(want) || std::isinf(got)) return got == want;
-  return std::fabs(got - want) <= abs_tol + rel_tol * std::fabs(want);
+  return testing::LikeReference(got, want, abs_tol + rel_tol * std::fabs(want));
 }
 
 // Compares n elements of two buffers of one dtype; returns a description of

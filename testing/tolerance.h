@@ -48,6 +48,15 @@ inline double Tolerance(DType q_dtype, DType kv_dtype, double reference) {
   return KvTolerance(kv_dtype) + OutputRounding(q_dtype, reference);
 }
 
+// got like the reference's want where the reference is not finite (a case
+// that injects NaN or infinities): NaN for NaN, the same infinity, else
+// within tol.
+inline bool LikeReference(double got, double want, double tol) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::fabs(got - want) <= tol;
+}
+
 }  // namespace rpa::testing
 
 #endif  // RPA_TESTING_TOLERANCE_H_

@@ -224,14 +224,10 @@ Outputs RunCase(const Case& c, const SyntheticBatch& b, bool fast) {
 // NaN or an infinity).
 enum class NonFinite : uint8_t { kFails, kLikeReference };
 
-// got within tol of want, or under kLikeReference NaN for NaN and the same
-// infinity.
+// got within tol of want, or under kLikeReference testing::LikeReference.
 bool Matches(double got, double want, double tol, NonFinite non_finite) {
-  if (non_finite == NonFinite::kLikeReference) {
-    if (std::isnan(want)) return std::isnan(got);
-    if (std::isinf(want)) return got == want;
-  }
-  return std::fabs(got - want) <= tol;
+  return non_finite == NonFinite::kLikeReference ? testing::LikeReference(got, want, tol)
+                                                 : std::fabs(got - want) <= tol;
 }
 
 void ExpectClose(const Case& c, const SyntheticBatch& b, const Outputs& fast, const Outputs& ref,

@@ -31,6 +31,7 @@ namespace {
 
 using testing::BatchSpec;
 using testing::CacheViews;
+using testing::LikeReference;
 using testing::MakeSyntheticBatch;
 using testing::SequenceShape;
 using testing::SyntheticBatch;
@@ -315,14 +316,7 @@ TEST(RobustnessTest, F6_PagedHugeComputeBlockWithNoPages) {
 // ---- Non-finite data inside the valid range.
 
 // The library against the reference with NaN in the same places and
-// infinities of the same sign.
-// got like the reference's want: NaN for NaN, the same infinity, else
-// within tol.
-bool LikeReference(double got, double want, double tol) {
-  return std::isnan(want) ? std::isnan(got) : std::isinf(want) ? got == want
-                                                               : std::fabs(got - want) <= tol;
-}
-
+// infinities of the same sign (testing::LikeReference).
 void ExpectLikeReference(const SyntheticBatch& b, const AttentionOptions& o, double tol) {
   std::vector<uint8_t> ref = b.NewOutput();
   RefRaggedPagedAttention(b.Q(), b.KvPages(),
