@@ -217,22 +217,6 @@ RPA_AVX512_BF16_TARGET void PairPvRows(const PairPvPass& a) {
   if (d < a.head_dim) PairPvBlock<kRows, 1, kSource, kLayout>(a, d, d == 0);
 }
 
-// Each row's f32 weights [0, n) as bf16 (nearest even) at the start of the
-// same row, key n's 0 where n is odd: each 32-key chunk is read before its
-// bf16, at or below it, is stored.
-RPA_AVX512_BF16_TARGET void RowWeightsToBf16(const TileLogits& p, int64_t n) {
-  for (int64_t r = 0; r < p.rows; ++r) {
-    float* row = p.s + r * p.stride;
-    uint16_t* out = reinterpret_cast<uint16_t*>(row);
-    for (int64_t t = 0; t < n; t += 32) {
-      const __m512 a = _mm512_maskz_loadu_ps(Lanes16(n - t), row + t);
-      const __m512 b = _mm512_maskz_loadu_ps(Lanes16(n - t - 16), row + t + 16);
-      const __m512i bf = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
-      _mm512_mask_storeu_epi16(out + t, ChunkMask(t, RoundUp(n, 2)), bf);
-    }
-  }
-}
-
 // PV of every row in blocks of 4, 2 and 1 rows; the first block prefetches.
 template <Source kSource>
 RPA_AVX512_BF16_TARGET void PairPvAllRows(const PairPvPass& a, int64_t rows) {

@@ -60,6 +60,50 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512i BroadcastPair(co
   return _mm512_set1_epi32(static_cast<int>(pair));
 }
 
+// v[j] lane c becomes v[c] lane j (16 x 16 dwords): 32-bit and 64-bit
+// unpacks within 128-bit lanes, then two rounds of 128-bit lane shuffles.
+RPA_AVX512_TARGET __attribute__((always_inline)) inline void Transpose16x16(__m512i* v) {
+  __m512i t[16], u[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]);
+  }
+  // u[4 k + m], block L: rows 4 k .. 4 k + 3 of column 4 L + m.
+  for (int k = 0; k < 4; ++k) {
+    u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+    u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i w0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
+    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88);
+    const __m512i w3 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
+    v[m] = _mm512_shuffle_i32x4(w0, w2, 0x88);
+    v[4 + m] = _mm512_shuffle_i32x4(w1, w3, 0x88);
+    v[8 + m] = _mm512_shuffle_i32x4(w0, w2, 0xDD);
+    v[12 + m] = _mm512_shuffle_i32x4(w1, w3, 0xDD);
+  }
+}
+
+// Each row's f32 weights [0, n) of p as bf16 (nearest even) at the start of
+// the same row, key n's 0 where n is odd (the weight pairs the bf16-pair PV
+// multiplies): each 32-key chunk is read before its bf16, at or below it, is
+// stored.
+RPA_AVX512_BF16_TARGET inline void RowWeightsToBf16(const TileLogits& p, int64_t n) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* row = p.s + r * p.stride;
+    uint16_t* out = reinterpret_cast<uint16_t*>(row);
+    for (int64_t t = 0; t < n; t += 32) {
+      const __m512 a = _mm512_maskz_loadu_ps(Lanes16(n - t), row + t);
+      const __m512 b = _mm512_maskz_loadu_ps(Lanes16(n - t - 16), row + t + 16);
+      const __m512i bf = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+      _mm512_mask_storeu_epi16(out + t, ChunkMask(t, RoundUp(n, 2)), bf);
+    }
+  }
+}
+
 // Stores a kRows x kTokens block's logits (lane r * kTokens + t) for the
 // rows and tokens that exist.
 template <int kRows, int kTokens>

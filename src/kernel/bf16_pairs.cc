@@ -36,33 +36,6 @@ RPA_AVX512_BF16_TARGET void WeightsToBf16(const float* p, int64_t p_stride, int6
   }
 }
 
-// Row blocks of 32 outside, dimension blocks of 32 inside (16 at odd ends);
-
-RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void Transpose16x16(__m512i* v) {
-  __m512i t[16], u[16];
-  for (int k = 0; k < 8; ++k) {
-    t[2 * k] = _mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]);
-    t[2 * k + 1] = _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]);
-  }
-  // u[4 k + m], block L: rows 4 k .. 4 k + 3 of column 4 L + m.
-  for (int k = 0; k < 4; ++k) {
-    u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
-    u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
-    u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
-    u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
-  }
-  for (int m = 0; m < 4; ++m) {
-    const __m512i w0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88);
-    const __m512i w1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
-    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88);
-    const __m512i w3 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
-    v[m] = _mm512_shuffle_i32x4(w0, w2, 0x88);
-    v[4 + m] = _mm512_shuffle_i32x4(w1, w3, 0x88);
-    v[8 + m] = _mm512_shuffle_i32x4(w0, w2, 0xDD);
-    v[12 + m] = _mm512_shuffle_i32x4(w1, w3, 0xDD);
-  }
-}
-
 // The packs prefetch the rows they read kPackRowsAhead rows ahead, into L1:
 // a tile's rows are a token apart (4 KiB in the combined layout), a stride
 // the hardware prefetchers do not follow, and the next tile's rows that
@@ -92,7 +65,7 @@ RPA_AVX512_BF16_TARGET void PackKeysImpl(const AmxPackArgs& a) {
       for (int64_t j = 0; j < 16; ++j) {
         v[j] = i0 + j < a.n ? read(a.rows[i0 + j], d0) : _mm512_setzero_si512();
       }
-      Transpose16x16(v);
+      avx512::Transpose16x16(v);
       uint16_t* out = a.out + (d0 / 2) * 2 * n32 + 2 * i0;
       for (int64_t t = 0; t < 16; ++t) _mm512_storeu_si512(out + t * 2 * n32, v[t]);
     }

@@ -110,8 +110,6 @@ struct RowReader {
   }
 };
 
-// v[j] lane c becomes v[c] lane j (16 x 16 dwords): 32-bit and 64-bit
-
 }  // namespace rpa::internal
 
 #endif  // __x86_64__

@@ -8,6 +8,7 @@
 
 #if defined(__x86_64__)
 #include "kernel/amx_prefill.h"
+#include "kernel/avx512_bf16_lanes.h"
 #include "kernel/avx512_bf16_packed.h"
 #include "kernel/avx512_bf16_rows.h"
 #include "kernel/avx512_fp16_decode.h"
@@ -73,6 +74,9 @@ KernelRecord g_records[] = {
      {kBf16Q, kBf16ExactKv, kPrefillClass, true,
       HasFastBf16Dot},
      Avx512Bf16Packed},
+    {"avx512_bf16_lanes", "avx512_bf16_lanes.cc",
+     {kBf16Q, DTypeBits({DType::kBF16}), kMiddleClass, true, HasFastBf16Dot},
+     Avx512Bf16Lanes},
     {"avx512_bf16_rows", "avx512_bf16_rows.cc",
      {kBf16Q, kBf16ExactKv, kRowClasses, true, Bf16PairRowsPay},
      Avx512Bf16Rows},

@@ -18,6 +18,21 @@ int64_t ScratchRows(int64_t q_tile, int64_t group, int64_t num_kv_heads) {
                  kRowAlign);
 }
 
+// Lane rows of kBf16PairLanes (tile_kernel.h), each kv head's rows in whole
+// blocks of kQueryLanes, for the middle class's tasks only (the one class
+// whose kernel takes them): a tile of k <= q_tile tokens has k x group rows
+// per kv head, and one of at most kMultiHeadMaxRows takes every kv head.
+int64_t ScratchLaneRows(int64_t q_tile, int64_t group, int64_t num_kv_heads) {
+  int64_t lane_rows = 0;
+  for (int64_t tokens = 1; tokens <= q_tile && tokens * group < kPackedMinRows; ++tokens) {
+    const int64_t per_head = tokens * group;
+    if (ClassOfRows(per_head) != TaskClass::kMiddle) continue;
+    const int64_t heads = per_head <= kMultiHeadMaxRows ? num_kv_heads : 1;
+    lane_rows = std::max(lane_rows, heads * LaneRowsPerHead(per_head));
+  }
+  return lane_rows;
+}
+
 }  // namespace
 
 size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out) {
@@ -35,11 +50,14 @@ size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out)
   s.dim_pad = dim_pad;
   s.token_pad = token_pad;
   s.q = take(rows * dim_pad);
+  const int64_t lane_rows = ScratchLaneRows(shape.q_tile, shape.group, shape.num_kv_heads);
   for (int f = 0; f < kNumQueryFormats; ++f) {
     const auto format = static_cast<QueryFormat>(f);
+    const int64_t format_rows = format == QueryFormat::kBf16PairLanes ? lane_rows : rows;
     s.q_format[f] = format == QueryFormat::kF32
                         ? s.q
-                        : take(rows * QueryStride(format, dim_pad) * QueryElemBytes(format) / 4);
+                        : take(format_rows * QueryStride(format, dim_pad) *
+                               QueryElemBytes(format) / 4);
     s.q_unscale[f] = take(rows);
   }
   s.s = take(rows * token_pad);

@@ -27,7 +27,8 @@ struct WorkerScratch {
   int64_t dim_pad = 0;    // RoundUp(head_dim, kDimAlign).
   int64_t token_pad = 0;  // RoundUp(kv_block, kTokenAlign).
   float* q = nullptr;     // [rows, dim_pad] f32, zero padded (QueryFormat::kF32).
-  // [rows, QueryStride(format, dim_pad)] each format's rows (kF32: q), and
+  // [rows, QueryStride(format, dim_pad)] each format's rows (kF32: q;
+  // kBf16PairLanes: its lane rows, each kv head's in whole blocks), and
   // [rows] the factors that undo their scaling.
   void* q_format[kNumQueryFormats] = {};
   float* q_unscale[kNumQueryFormats] = {};

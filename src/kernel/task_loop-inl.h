@@ -126,11 +126,21 @@ struct TaskContext {
     return set == 0 ? TileKeep::kNone
                     : set == tokens * (end - begin) ? TileKeep::kAll : TileKeep::kSome;
   }
+  // Lane row of row r in kBf16PairLanes (its kv head's rows start a block).
+  int64_t LaneRowOf(int64_t r) const {
+    return r / rows_per_head * LaneRowsPerHead(rows_per_head) + r % rows_per_head;
+  }
+  // Rows [r0, r0 + count) in the format; kBf16PairLanes only from a kv
+  // head's first row (its kernels are never behind a fused tile that takes
+  // some of a head's rows: they run the middle class, which has none).
   QueryRows Queries(QueryFormat format, int64_t r0, int64_t count) const {
     const int64_t stride = QueryStride(format, ws->dim_pad);
     const int f = static_cast<int>(format);
-    return {static_cast<const uint8_t*>(ws->q_format[f]) + r0 * stride * QueryElemBytes(format),
-            stride, count, ws->q_unscale[f] + r0};
+    const int64_t first = format == QueryFormat::kBf16PairLanes ? LaneRowOf(r0) : r0;
+    HWY_DASSERT(format != QueryFormat::kBf16PairLanes || first % kQueryLanes == 0);
+    const auto* base = static_cast<const uint8_t*>(ws->q_format[f]);
+    return {base + first * stride * QueryElemBytes(format), stride, count,
+            ws->q_unscale[f] + r0};
   }
   SoftmaxState State(int64_t r0) const {
     return {ws->m + r0, ws->l + r0, ws->acc + r0 * ws->dim_pad, ws->dim_pad};
@@ -184,6 +194,29 @@ void PrefetchRowsAhead(int64_t r, int64_t rows, const RowAt& row_at, int64_t byt
   }
 }
 
+// Row r of the kBf16 rows (loaded) into its lane of kBf16PairLanes; a kv
+// head's last block, where its rows end inside it, zeroed first.
+void StoreLaneRow(const TaskContext& c, int64_t r) {
+  const WorkerScratch& ws = *c.ws;
+  const int64_t dim_pad = ws.dim_pad;
+  const int64_t lane_row = c.LaneRowOf(r);
+  constexpr int kLanes = static_cast<int>(QueryFormat::kBf16PairLanes);
+  constexpr int kBf16 = static_cast<int>(QueryFormat::kBf16);
+  uint32_t* lanes = static_cast<uint32_t*>(ws.q_format[kLanes]);
+  const int64_t head_end = (r / c.rows_per_head + 1) * c.rows_per_head;
+  if (lane_row % kQueryLanes == 0 && head_end - r < kQueryLanes) {
+    std::memset(lanes + QueryLaneIndex(lane_row, 0, dim_pad), 0,
+                sizeof(uint32_t) * kQueryLanes * (dim_pad / 2));
+  }
+  const uint16_t* row = static_cast<const uint16_t*>(ws.q_format[kBf16]) + r * dim_pad;
+  for (int64_t j = 0; j < dim_pad / 2; ++j) {
+    uint32_t pair;
+    std::memcpy(&pair, row + 2 * j, sizeof(pair));
+    lanes[QueryLaneIndex(lane_row, j, dim_pad)] = pair;
+  }
+  ws.q_unscale[kLanes][r] = 1.0f;
+}
+
 // Loads every row of q in each format the task's kernels want (f32 also as
 // the source of the other formats, unless every one is a copy of q's bits);
 // resets the online-softmax state.
@@ -209,7 +242,13 @@ void LoadQueries(const TaskContext& c) {
   for (const FusedTileKernel* fused : c.kernels->fused) {
     if (fused != nullptr) want(fused->q_format, fused->prepare_q);
   }
-  want(c.kernels->products->q_format, c.kernels->products->prepare_q);
+  // kBf16PairLanes is built from the kBf16 rows (StoreLaneRow, below).
+  const bool lanes = c.kernels->products->q_format == QueryFormat::kBf16PairLanes;
+  if (lanes) {
+    want(QueryFormat::kBf16, PrepareBf16Row);
+  } else {
+    want(c.kernels->products->q_format, c.kernels->products->prepare_q);
+  }
   // bf16 q in a kBf16 kernel's format is q's own bits (what PrepareBf16Row's
   // rounding would give back): copied, with no f32 row where no kernel
   // takes one.
@@ -240,6 +279,7 @@ void LoadQueries(const TaskContext& c) {
         ws.q_unscale[f][r] = prepare[i](q, pr.head_dim, dim_pad, out);
       }
     }
+    if (lanes) StoreLaneRow(c, r);
     ws.m[r] = -std::numeric_limits<float>::infinity();
     ws.l[r] = 0.0f;
     std::memset(ws.acc + r * dim_pad, 0, sizeof(float) * dim_pad);

@@ -31,8 +31,26 @@ enum class QueryFormat : uint8_t {
   kF32EvenOdd,  // [rows, dim_pad] f32, each 32 dims even then odd (WideQIndex).
   kHalf,        // [rows, RoundUp(dim_pad, 64)] f16 scaled by a power of 2 (QRowToHalf).
   kBf16,        // [rows, dim_pad] bf16 (round to nearest even), zero padded.
+  // kBf16's rows transposed, 16 rows to a block, each pair of dims (2j,
+  // 2j + 1) one uint32: [blocks][dim_pad / 2][16] (QueryLaneIndex), each kv
+  // head's rows starting a block (LaneRowsPerHead), lanes past them zero.
+  kBf16PairLanes,
 };
-inline constexpr int kNumQueryFormats = 4;
+inline constexpr int kNumQueryFormats = 5;
+
+// Rows to a kBf16PairLanes block: one per f32 lane of a 512-bit vector.
+inline constexpr int64_t kQueryLanes = 16;
+
+// Lane rows a kv head's rows take in kBf16PairLanes: whole blocks.
+inline int64_t LaneRowsPerHead(int64_t rows_per_head) {
+  return (rows_per_head + kQueryLanes - 1) / kQueryLanes * kQueryLanes;
+}
+
+// Where pair j of lane row L (kv head h's row i is lane row h x
+// LaneRowsPerHead + i) lives in kBf16PairLanes, in uint32 elements.
+inline int64_t QueryLaneIndex(int64_t lane_row, int64_t pair, int64_t dim_pad) {
+  return (lane_row / kQueryLanes * (dim_pad / 2) + pair) * kQueryLanes + lane_row % kQueryLanes;
+}
 
 // Elements of the format between query rows.
 inline int64_t QueryStride(QueryFormat format, int64_t dim_pad) {
@@ -41,7 +59,7 @@ inline int64_t QueryStride(QueryFormat format, int64_t dim_pad) {
 
 // Bytes of one element of the format.
 inline int64_t QueryElemBytes(QueryFormat format) {
-  return format == QueryFormat::kHalf || format == QueryFormat::kBf16 ? 2 : 4;
+  return format == QueryFormat::kF32 || format == QueryFormat::kF32EvenOdd ? 4 : 2;
 }
 
 // Where dimension d lives in a kF32EvenOdd row (and a kEvenOdd accumulator):
@@ -74,7 +92,9 @@ inline int64_t AccIndex(AccOrder order, int64_t d) {
 
 // Query rows of one kv head for a tile kernel.
 struct QueryRows {
-  const void* data = nullptr;      // [rows, stride] in the kernel's QueryFormat.
+  // [rows, stride] in the kernel's QueryFormat (kBf16PairLanes: from the
+  // kv head's first block, stride dim_pad).
+  const void* data = nullptr;
   int64_t stride = 0;              // Elements between rows.
   int64_t rows = 0;
   const float* unscale = nullptr;  // [rows] kHalf: the factor undoing the row's scale.
