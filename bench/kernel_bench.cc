@@ -381,7 +381,7 @@ BENCHMARK(BM_DecodeWalk)
 // The decode call with every page index 0: K/V stay in the core's caches, so
 // this times the kernel's arithmetic and bookkeeping without memory.
 // range(0) threads, range(1) q heads per kv head (4: decode's shape; 8 as
-// Llama-3-70B, 7 as Qwen2.5-7B).
+// Llama-3-70B, 7 as Qwen2.5-7B; 16: the middle class, as BM_Decode's).
 void BM_DecodeHot(benchmark::State& state) {
   const int64_t group = state.range(1);
   const testing::SyntheticBatch batch = DecodeBatch(group);
@@ -404,6 +404,7 @@ BENCHMARK(BM_DecodeHot)
     ->Args({2, 4})
     ->Args({1, 8})
     ->Args({1, 7})
+    ->Args({1, 16})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -427,12 +427,15 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
 // The accumulators back to natural dimension order from the kernels' order
 // (a permutation within each 32-dimension chunk).
 void ToNaturalOrder(const TaskContext& c, AccOrder order) {
+  // The permutation once (AccIndex's switch, out of the loop over rows).
+  int32_t source[32];
+  for (int32_t i = 0; i < 32; ++i) source[i] = static_cast<int32_t>(AccIndex(order, i));
   for (int64_t r = 0; r < c.rows; ++r) {
     float* acc = c.ws->acc + r * c.ws->dim_pad;
     for (int64_t d0 = 0; d0 < c.ws->dim_pad; d0 += 32) {
       float chunk[32];
       std::memcpy(chunk, acc + d0, sizeof(chunk));
-      for (int64_t i = 0; i < 32; ++i) acc[d0 + i] = chunk[AccIndex(order, i)];
+      for (int64_t i = 0; i < 32; ++i) acc[d0 + i] = chunk[source[i]];
     }
   }
 }
