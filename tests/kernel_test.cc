@@ -1043,7 +1043,8 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     EXPECT_EQ(report(DType::kF8E4M3FN, decode, false, DType::kBF16),
               "decode: avx512_bf16_decode > avx512_bf16_rows");
     EXPECT_EQ(report(DType::kBF16, decode, true, DType::kBF16), "decode: avx512_bf16_rows");
-    EXPECT_EQ(report(DType::kBF16, middle, false, DType::kBF16), "middle: avx512_bf16_lanes");
+    EXPECT_EQ(report(DType::kBF16, middle, false, DType::kBF16),
+              "middle: avx512_bf16_lanes_tile > avx512_bf16_lanes");
     EXPECT_EQ(report(DType::kBF16, middle, true, DType::kBF16), "middle: avx512_bf16_lanes");
     EXPECT_EQ(report(DType::kF8E5M2, middle, false, DType::kBF16), "middle: avx512_bf16_rows");
     EXPECT_EQ(report(DType::kI8, middle, false, DType::kBF16), "middle: avx512_bf16_rows");

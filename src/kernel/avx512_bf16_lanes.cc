@@ -158,13 +158,17 @@ RPA_AVX512_BF16_TARGET void PackValuePairs(const KvTile& tile, int64_t dim_pad, 
 // One PV pass over packed value pairs: kRows accumulator rows
 // (kPairInterleaved) += sum_t p[r][t] v_t over kChunks 32-dim chunks from d0.
 struct LanePvPass {
-  const uint16_t* w = nullptr;  // Row r's bf16 weights at w + r * w_stride (pairs of keys).
-  int64_t w_stride = 0;
+  // The bf16 weights of row r, keys 2j and 2j + 1, as one 32-bit pair at
+  // w + r * w_row_stride + j * w_pair_stride (uint16_t elements).
+  const uint16_t* w = nullptr;
+  int64_t w_row_stride = 0;
+  int64_t w_pair_stride = 2;
   const uint32_t* pairs = nullptr;  // PackValuePairs' output.
   int64_t num_pairs = 0;
   int64_t dim_pad = 0;
   float* acc = nullptr;  // [kRows, acc_stride]
   int64_t acc_stride = 0;
+  const float* alpha = nullptr;  // [kRows] scales each acc row first; null: none.
 };
 
 template <int kRows, int kChunks>
@@ -172,10 +176,12 @@ RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
   __m512 lo[kChunks][kRows], hi[kChunks][kRows];
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
+    const __m512 alpha = _mm512_set1_ps(a.alpha != nullptr ? a.alpha[r] : 1.0f);
 #pragma GCC unroll 2
     for (int c = 0; c < kChunks; ++c) {
-      lo[c][r] = _mm512_loadu_ps(a.acc + r * a.acc_stride + d0 + 32 * c);
-      hi[c][r] = _mm512_loadu_ps(a.acc + r * a.acc_stride + d0 + 32 * c + 16);
+      lo[c][r] = _mm512_mul_ps(_mm512_loadu_ps(a.acc + r * a.acc_stride + d0 + 32 * c), alpha);
+      hi[c][r] =
+          _mm512_mul_ps(_mm512_loadu_ps(a.acc + r * a.acc_stride + d0 + 32 * c + 16), alpha);
     }
   }
   for (int64_t p = 0; p < a.num_pairs; ++p) {
@@ -188,7 +194,7 @@ RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
     }
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
-      const __m512i w = BroadcastPair(a.w + r * a.w_stride + 2 * p);
+      const __m512i w = BroadcastPair(a.w + r * a.w_row_stride + p * a.w_pair_stride);
 #pragma GCC unroll 2
       for (int c = 0; c < kChunks; ++c) {
         lo[c][r] = DotBf16(lo[c][r], w, vlo[c]);
@@ -206,6 +212,20 @@ RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
   }
 }
 
+// PV of `rows` rows in blocks of 4, 2 and 1 rows, each over the whole head
+// in 64-dim passes (a last 32-dim one where the chunk count is odd).
+RPA_AVX512_BF16_TARGET void LanePvAllRows(const LanePvPass& a, int64_t rows) {
+  ForEachPvRowBlock(rows, [&]<int kRows>(int64_t r, bool /*first*/) RPA_AVX512_BF16_TARGET {
+    LanePvPass block = a;
+    block.w += r * a.w_row_stride;
+    block.acc += r * a.acc_stride;
+    if (a.alpha != nullptr) block.alpha += r;
+    int64_t d = 0;
+    for (; d + 32 < a.dim_pad; d += 64) LanePvBlock<kRows, 2>(block, d);
+    if (d < a.dim_pad) LanePvBlock<kRows, 1>(block, d);
+  });
+}
+
 RPA_AVX512_BF16_TARGET void PvImpl(const TileLogits& p, const KvTile& tile,
                                    const SoftmaxState& state, const TileScratch& scratch) {
   RowWeightsToBf16(p, tile.n);
@@ -213,20 +233,116 @@ RPA_AVX512_BF16_TARGET void PvImpl(const TileLogits& p, const KvTile& tile,
   PackValuePairs(tile, scratch.dim_pad, pairs);
   LanePvPass a;
   a.w = reinterpret_cast<const uint16_t*>(p.s);
-  a.w_stride = 2 * p.stride;
+  a.w_row_stride = 2 * p.stride;
   a.pairs = pairs;
   a.num_pairs = RoundUp(tile.n, 2) / 2;
   a.dim_pad = scratch.dim_pad;
   a.acc = state.acc;
   a.acc_stride = state.stride;
-  ForEachPvRowBlock(p.rows, [&]<int kRows>(int64_t r, bool /*first*/) RPA_AVX512_BF16_TARGET {
-    LanePvPass block = a;
-    block.w += r * a.w_stride;
-    block.acc += r * a.acc_stride;
-    int64_t d = 0;
-    for (; d + 32 < a.dim_pad; d += 64) LanePvBlock<kRows, 2>(block, d);
-    if (d < a.dim_pad) LanePvBlock<kRows, 1>(block, d);
-  });
+  LanePvAllRows(a, p.rows);
+}
+
+// ---- The fused tile: up to 16 rows (one block of lanes) over a tile of at
+// most kFusedMaxKeys keys every row sees, S^T and its weights kept in
+// vectors (lane = row) between the products, so the softmax is
+// lane-wise: no row loop, no transpose, no trip through s.
+
+// The stack's V pairs hold heads of up to this many (padded) dims; wider
+// ones are declined to the products.
+constexpr int64_t kTileMaxDimPad = 256;
+
+// The online-softmax update of 16 lane rows (row_lanes valid) from the
+// tile's scaled logits x[0, n): x becomes the weights e^(x - m_new), m and
+// l are updated and *alpha = e^(m_old - m_new). False, with nothing
+// written, where a NaN (in x or m) or a maximum that is not finite needs
+// SoftmaxRow's rules (the rows kernel's fused tile declines the same way).
+RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline bool LaneSoftmax(
+    __m512* x, int64_t n, __mmask16 row_lanes, const SoftmaxState& state, __m512* alpha) {
+  __m512 vmax = _mm512_set1_ps(-__builtin_inff());
+  __mmask16 nan = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    nan |= _mm512_cmp_ps_mask(x[t], x[t], _CMP_UNORD_Q);
+    vmax = _mm512_max_ps(vmax, x[t]);
+  }
+  const __m512 m_old = _mm512_maskz_loadu_ps(row_lanes, state.m);
+  const __m512 m_new = _mm512_max_ps(m_old, vmax);
+  const __mmask16 finite = _mm512_mask_cmp_ps_mask(row_lanes, _mm512_sub_ps(m_new, m_new),
+                                                   _mm512_setzero_ps(), _CMP_EQ_OQ);
+  if ((nan & row_lanes) != 0 || finite != row_lanes ||
+      _mm512_mask_cmp_ps_mask(row_lanes, m_old, m_old, _CMP_UNORD_Q) != 0) {
+    return false;
+  }
+  *alpha = ExpNonPositive(_mm512_sub_ps(m_old, m_new));  // m_old = -inf: 0.
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    x[t] = ExpNonPositive(_mm512_sub_ps(x[t], m_new));
+    sum = _mm512_add_ps(sum, x[t]);
+  }
+  const __m512 l_old = _mm512_maskz_loadu_ps(row_lanes, state.l);
+  _mm512_mask_storeu_ps(state.m, row_lanes, m_new);
+  _mm512_mask_storeu_ps(state.l, row_lanes, _mm512_fmadd_ps(l_old, *alpha, sum));
+  return true;
+}
+
+// Weights x[0, n) (lane = row) as bf16 pairs: w[j] lane r = (x[2j][r],
+// x[2j + 1][r]) rounded to nearest even, the partner of key n - 1 zero where
+// n is odd.
+RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void LaneWeightPairs(
+    const __m512* x, int64_t n, __m512i* w) {
+  alignas(64) uint16_t interleave[32];
+  for (int r = 0; r < 16; ++r) {
+    interleave[2 * r] = static_cast<uint16_t>(r);
+    interleave[2 * r + 1] = static_cast<uint16_t>(16 + r);
+  }
+  const __m512i index = _mm512_load_si512(interleave);
+  for (int64_t j = 0; 2 * j < n; ++j) {
+    const __m512 partner = 2 * j + 1 < n ? x[2 * j + 1] : _mm512_setzero_ps();
+    const __m512i halves = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(partner, x[2 * j]));
+    w[j] = _mm512_permutexvar_epi16(index, halves);
+  }
+}
+
+RPA_AVX512_BF16_TARGET bool LanesTileImpl(const QueryRows& q, const KvTile& tile,
+                                          float logit_scale, const SoftmaxState& state) {
+  const int64_t n = tile.n, dim_pad = RoundUp(tile.head_dim, kDimAlign);
+  if (q.rows > kQueryLanes || n > kFusedMaxKeys || dim_pad > kTileMaxDimPad) return false;
+  // Logits, 8 keys a step, scaled.
+  __m512 x[kFusedMaxKeys];
+  if (tile.k_next.count > RoundUp(n, kKeysPerStep)) {
+    PrefetchRows(tile.k_next, RoundUp(n, kKeysPerStep), tile.k_next.count, tile.row_bytes);
+  }
+  const __m512 scale = _mm512_set1_ps(logit_scale);
+  for (int64_t t = 0; t < n; t += kKeysPerStep) {
+    PrefetchRows(tile.k_next, t, kKeysPerStep, tile.row_bytes);
+    const uint16_t* k[kKeysPerStep];  // Keys past n repeat the last; not used.
+    for (int i = 0; i < kKeysPerStep; ++i) {
+      k[i] = static_cast<const uint16_t*>(tile.k[std::min(t + i, n - 1)]);
+    }
+    __m512 step[kKeysPerStep];
+    LaneLogitsStep(static_cast<const uint32_t*>(q.data), k, tile.head_dim, step);
+    for (int64_t i = 0; i < kKeysPerStep && t + i < n; ++i) x[t + i] = _mm512_mul_ps(step[i], scale);
+  }
+  __m512 alpha;
+  if (!LaneSoftmax(x, n, Lanes16(q.rows), state, &alpha)) return false;
+  // PV from the weight pairs (w[j] lane r: row r's pair j) and the tile's V pairs.
+  alignas(64) __m512i w[kFusedMaxKeys / 2];
+  LaneWeightPairs(x, n, w);
+  alignas(64) float alpha_rows[kQueryLanes];
+  _mm512_store_ps(alpha_rows, alpha);
+  alignas(64) uint32_t pairs[kFusedMaxKeys / 2 * kTileMaxDimPad];
+  PackValuePairs(tile, dim_pad, pairs);
+  LanePvPass a;
+  a.w = reinterpret_cast<const uint16_t*>(w);
+  a.w_row_stride = 2;
+  a.w_pair_stride = 2 * kQueryLanes;
+  a.pairs = pairs;
+  a.num_pairs = RoundUp(n, 2) / 2;
+  a.dim_pad = dim_pad;
+  a.acc = state.acc;
+  a.acc_stride = state.stride;
+  a.alpha = alpha_rows;
+  LanePvAllRows(a, q.rows);
+  return true;
 }
 
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
@@ -239,17 +355,31 @@ void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
   if (p.rows > 0 && tile.n > 0) PvImpl(p, tile, state, scratch);
 }
 
+bool LanesTile(const QueryRows& q, const KvTile& tile, float logit_scale,
+               const SoftmaxState& state) {
+  return LanesTileImpl(q, tile, logit_scale, state);
+}
+
 // prepare_q null: the task loop builds kBf16PairLanes from the kBf16 rows.
 constexpr ProductKernel kLanes = {"avx512_bf16_lanes",    QueryFormat::kBf16PairLanes,
                                   nullptr,                AccOrder::kPairInterleaved,
                                   /*e4m3_scaled=*/false,  Logits,
                                   Pv};
 
+constexpr FusedTileKernel kLanesTile = {"avx512_bf16_lanes_tile",   QueryFormat::kBf16PairLanes,
+                                         nullptr,                    AccOrder::kPairInterleaved,
+                                         /*e4m3_scaled=*/false,      /*min_rows=*/1,
+                                         /*max_rows=*/kQueryLanes,   LanesTile};
+
 }  // namespace
 }  // namespace avx512
 
 const ProductKernel* Avx512Bf16Lanes(DType kv_dtype) {
   return kv_dtype == DType::kBF16 ? &avx512::kLanes : nullptr;
+}
+
+const FusedTileKernel* Avx512Bf16LanesTile(DType kv_dtype) {
+  return kv_dtype == DType::kBF16 ? &avx512::kLanesTile : nullptr;
 }
 
 }  // namespace rpa::internal

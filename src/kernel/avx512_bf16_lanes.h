@@ -11,6 +11,9 @@ namespace rpa::internal {
 // Unfused products over bf16 K/V (null for any other dtype) with bf16 q in
 // kBf16PairLanes; accumulators kPairInterleaved. Needs CpuFeatures::avx512bf16.
 const ProductKernel* Avx512Bf16Lanes(DType kv_dtype);
+// The fused tile of the same arithmetic: up to 16 rows of one kv head, the
+// softmax lane-wise between the products.
+const FusedTileKernel* Avx512Bf16LanesTile(DType kv_dtype);
 
 }  // namespace rpa::internal
 #endif  // __x86_64__

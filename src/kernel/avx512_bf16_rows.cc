@@ -337,7 +337,7 @@ constexpr FusedTileKernel kDecode = {
     "avx512_bf16_decode", QueryFormat::kBf16, PrepareBf16Row, AccOrder::kPairInterleaved,
     /*e4m3_scaled=*/false,
     // Computes 4 rows whatever the group: below 3 the unfused products cost less.
-    /*min_rows=*/3, DecodeTile<kDtype>};
+    /*min_rows=*/3, /*max_rows=*/4, DecodeTile<kDtype>};
 
 }  // namespace
 }  // namespace avx512

@@ -342,7 +342,7 @@ constexpr FusedTileKernel kHalfDecode = {
     "avx512fp16_decode", QueryFormat::kHalf, PrepareHalf<kE5m2>, AccOrder::kEvenOdd,
     /*e4m3_scaled=*/true,
     // Cheaper than the unfused products for any group, even computing 4 rows.
-    /*min_rows=*/1, HalfDecodeTileImpl<kE5m2>};
+    /*min_rows=*/1, /*max_rows=*/4, HalfDecodeTileImpl<kE5m2>};
 
 }  // namespace
 }  // namespace avx512

@@ -358,7 +358,7 @@ constexpr FusedTileKernel kWideDecode = {
     "avx512_wide_decode", QueryFormat::kF32EvenOdd, PrepareEvenOdd, AccOrder::kEvenOdd,
     /*e4m3_scaled=*/true,
     // Computes 4 rows whatever the group: below 3 the unfused products cost less.
-    /*min_rows=*/3, DecodeTile<kDtype>};
+    /*min_rows=*/3, /*max_rows=*/4, DecodeTile<kDtype>};
 
 }  // namespace
 }  // namespace avx512

@@ -92,7 +92,10 @@ KernelRecord g_records[] = {
     {"highway_rows", "highway_rows-inl.h", {kAnyDType, kAnyDType, kRowClasses, true},
      HighwayRows},
 #if defined(__x86_64__)
-    // ---- Fused decode tiles (no soft cap: their exp has no tanh before it).
+    // ---- Fused tiles (no soft cap: their exp has no tanh before it).
+    {"avx512_bf16_lanes_tile", "avx512_bf16_lanes.cc",
+     {kBf16Q, DTypeBits({DType::kBF16}), kMiddleClass, false, HasFastBf16Dot},
+     nullptr, Avx512Bf16LanesTile},
     {"avx512_bf16_decode", "avx512_bf16_rows.cc",
      {kBf16Q, kBf16ExactKv, kDecodeClass, false, Bf16PairRowsPay},
      nullptr, Avx512Bf16Decode},

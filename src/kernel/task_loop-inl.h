@@ -228,10 +228,16 @@ void LoadQueries(const TaskContext& c) {
   PrepareQueryRow prepare[3];
   int num_formats = 0;
   bool f32_wanted = false;
+  bool lanes = false;  // kBf16PairLanes, built from the kBf16 rows (StoreLaneRow).
   auto want = [&](QueryFormat format, PrepareQueryRow fn) {
     if (format == QueryFormat::kF32) {
       f32_wanted = true;
       return;
+    }
+    if (format == QueryFormat::kBf16PairLanes) {
+      lanes = true;
+      format = QueryFormat::kBf16;
+      fn = PrepareBf16Row;
     }
     for (int i = 0; i < num_formats; ++i) {
       if (formats[i] == format) return;
@@ -242,13 +248,7 @@ void LoadQueries(const TaskContext& c) {
   for (const FusedTileKernel* fused : c.kernels->fused) {
     if (fused != nullptr) want(fused->q_format, fused->prepare_q);
   }
-  // kBf16PairLanes is built from the kBf16 rows (StoreLaneRow, below).
-  const bool lanes = c.kernels->products->q_format == QueryFormat::kBf16PairLanes;
-  if (lanes) {
-    want(QueryFormat::kBf16, PrepareBf16Row);
-  } else {
-    want(c.kernels->products->q_format, c.kernels->products->prepare_q);
-  }
+  want(c.kernels->products->q_format, c.kernels->products->prepare_q);
   // bf16 q in a kBf16 kernel's format is q's own bits (what PrepareBf16Row's
   // rounding would give back): copied, with no f32 row where no kernel
   // takes one.
@@ -286,27 +286,29 @@ void LoadQueries(const TaskContext& c) {
   }
 }
 
-// Fused tiles over rows [*r0, *r0 + *left) of one kv head, in groups of up to
-// 4; each kernel in order whose min_rows the group meets gets it until one
-// takes it. Stops at the first group no kernel takes. The first group
-// prefetches the next tile.
+// Fused tiles over rows [*r0, *r0 + *left) of one kv head, in groups: each
+// kernel in order whose min_rows the group (up to its max_rows) meets gets
+// it until one takes it. Stops at the first group no kernel takes. The first
+// group prefetches the next tile.
 void FusedGroups(const TaskContext& c, KvTile tile, int64_t* r0, int64_t* left) {
   const FusedTileKernel* const* fused = c.kernels->fused;
   const int64_t next_k = tile.k_next.count, next_v = tile.v_next.count;
   while (*left > 0) {
-    const int64_t group = std::min<int64_t>(*left, 4);
     const bool first = *left == c.rows_per_head;
     tile.k_next.count = first ? next_k : 0;
     tile.v_next.count = first ? next_v : 0;
-    bool done = false;
-    for (int i = 0; i < 2 && !done && fused[i] != nullptr; ++i) {
+    int64_t taken = 0;
+    for (int i = 0; i < 2 && taken == 0 && fused[i] != nullptr; ++i) {
+      const int64_t group = std::min(*left, fused[i]->max_rows);
       if (group < fused[i]->min_rows) continue;
-      done = fused[i]->tile(c.Queries(fused[i]->q_format, *r0, group), tile,
-                            c.softmax.logit_scale, c.State(*r0));
+      if (fused[i]->tile(c.Queries(fused[i]->q_format, *r0, group), tile, c.softmax.logit_scale,
+                         c.State(*r0))) {
+        taken = group;
+      }
     }
-    if (!done) return;
-    *r0 += group;
-    *left -= group;
+    if (taken == 0) return;
+    *r0 += taken;
+    *left -= taken;
   }
 }
 

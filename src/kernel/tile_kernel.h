@@ -242,6 +242,8 @@ struct FusedTileKernel {
   // Groups of fewer rows than this are left to the products (too few to
   // pay for the tile's fixed 4-row work).
   int64_t min_rows;
+  // Rows of one call: a kv head's rows go to it in groups of up to this many.
+  int64_t max_rows;
   bool (*tile)(const QueryRows& q, const KvTile& tile, float logit_scale,
                const SoftmaxState& state);
 };
