@@ -13,14 +13,19 @@
 //           cover vdpbf16ps's latency (6 cycles at 2 a cycle on Zen 5).
 //           Each 16 x 16 block is transposed into the rows of s.
 //   PV      acc_r += sum_t p[r][t] v_t with the dimensions in lanes, as
-//           avx512_bf16_rows: the tile's V rows are interleaved in key pairs
-//           once (vpunpck{l,h}wd, AccOrder::kPairInterleaved) into scratch,
-//           so the 4-row x 64-dim passes read dense pairs from L1 instead of
-//           rows a token (4 KiB) apart, which share L1 sets. The weights are
-//           rounded to bf16 (nearest even) as in every bf16-pair kernel.
+//           avx512_bf16_rows: the first 4-row block interleaves the tile's V
+//           rows in key pairs (vpunpck{l,h}wd, AccOrder::kPairInterleaved)
+//           and stores them, so the later blocks read dense pairs from L1
+//           instead of rows a token (4 KiB) apart, which share L1 sets. The
+//           weights are rounded to bf16 (nearest even) as in every bf16-pair
+//           kernel.
+//   fused   (avx512_bf16_lanes_tile) S^T and the weights stay in vectors,
+//           lane = row, between the products: the online softmax is
+//           lane-wise, with no loop over rows and no trip through s.
 // Against avx512_bf16_rows (4 x 4 blocks of row . key dot products reduced
 // by a transpose-and-add tree, V rows re-read per 4-row block) both products
-// take about 0.6 of the time for 16 rows on Zen 5 (docs/kernel_log.md).
+// take about 0.6 of the time for 16 rows on Zen 5, and the fused tile cuts
+// the middle class's step by a third (docs/kernel_log.md).
 //
 // Error: the rows kernel's exactly (the same bf16 products summed in f32,
 // in another order).
@@ -130,48 +135,33 @@ RPA_AVX512_BF16_TARGET void LogitsImpl(const QueryRows& q, const KvTile& tile,
   }
 }
 
-// The tile's V rows interleaved in key pairs into out: pair row t / 2, each
-// 32-dim chunk as vpunpcklwd then vpunpckhwd of rows t and t + 1 (a zero
-// row past n; zero dims past head_dim): [RoundUp(n, 2) / 2][dim_pad] uint32.
-// Prefetches the next tile's V rows, a pair's worth per pair.
-RPA_AVX512_BF16_TARGET void PackValuePairs(const KvTile& tile, int64_t dim_pad, uint32_t* out) {
-  const int64_t n = tile.n;
-  if (tile.v_next.count > RoundUp(n, 2)) {
-    PrefetchRows(tile.v_next, RoundUp(n, 2), tile.v_next.count, tile.row_bytes);
-  }
-  for (int64_t t = 0; t < n; t += 2) {
-    PrefetchRows(tile.v_next, t, 2, tile.row_bytes);
-    const auto* v0 = static_cast<const uint16_t*>(tile.v[t]);
-    const auto* v1 = t + 1 < n ? static_cast<const uint16_t*>(tile.v[t + 1]) : nullptr;
-    uint32_t* pair_row = out + t / 2 * dim_pad;
-    for (int64_t d = 0; d < dim_pad; d += 32) {
-      const __mmask32 mask = ChunkMask(d, tile.head_dim);
-      const __m512i a = _mm512_maskz_loadu_epi16(mask, v0 + d);
-      const __m512i b = v1 != nullptr ? _mm512_maskz_loadu_epi16(mask, v1 + d)
-                                      : _mm512_setzero_si512();
-      _mm512_storeu_si512(pair_row + d, _mm512_unpacklo_epi16(a, b));
-      _mm512_storeu_si512(pair_row + d + 16, _mm512_unpackhi_epi16(a, b));
-    }
-  }
-}
-
-// One PV pass over packed value pairs: kRows accumulator rows
-// (kPairInterleaved) += sum_t p[r][t] v_t over kChunks 32-dim chunks from d0.
+// One PV pass: kRows accumulator rows (kPairInterleaved) += sum_t p[r][t]
+// v_t over kChunks 32-dim chunks from d0. V in key pairs: pair row t / 2,
+// each 32-dim chunk as vpunpcklwd then vpunpckhwd of rows t and t + 1 (a
+// zero row past n, zero dims past head_dim), [RoundUp(n, 2) / 2][dim_pad]
+// uint32. The first row block's passes (kFromRows) interleave the tile's V
+// rows in registers and store the pairs; the later blocks read them, dense
+// in L1, instead of the rows again (a token, 4 KiB, apart: they share L1
+// sets).
 struct LanePvPass {
   // The bf16 weights of row r, keys 2j and 2j + 1, as one 32-bit pair at
   // w + r * w_row_stride + j * w_pair_stride (uint16_t elements).
   const uint16_t* w = nullptr;
   int64_t w_row_stride = 0;
   int64_t w_pair_stride = 2;
-  const uint32_t* pairs = nullptr;  // PackValuePairs' output.
-  int64_t num_pairs = 0;
+  KvRows v;                   // [n] the tile's V rows.
+  int64_t n = 0;
+  int64_t head_dim = 0;
+  int64_t row_bytes = 0;
+  uint32_t* pairs = nullptr;  // [RoundUp(n, 2) / 2][dim_pad] V in key pairs.
   int64_t dim_pad = 0;
   float* acc = nullptr;  // [kRows, acc_stride]
   int64_t acc_stride = 0;
   const float* alpha = nullptr;  // [kRows] scales each acc row first; null: none.
+  KvRows v_next;                 // The next tile's V rows, prefetched by the first pass.
 };
 
-template <int kRows, int kChunks>
+template <int kRows, int kChunks, bool kFromRows>
 RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
   __m512 lo[kChunks][kRows], hi[kChunks][kRows];
 #pragma GCC unroll 4
@@ -184,13 +174,29 @@ RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
           _mm512_mul_ps(_mm512_loadu_ps(a.acc + r * a.acc_stride + d0 + 32 * c + 16), alpha);
     }
   }
-  for (int64_t p = 0; p < a.num_pairs; ++p) {
-    const uint32_t* v = a.pairs + p * a.dim_pad + d0;
+  __mmask32 mask[kChunks];
+  for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask(d0 + 32 * c, a.head_dim);
+  for (int64_t p = 0; 2 * p < a.n; ++p) {
+    uint32_t* v = a.pairs + p * a.dim_pad + d0;
     __m512i vlo[kChunks], vhi[kChunks];
 #pragma GCC unroll 2
     for (int c = 0; c < kChunks; ++c) {
-      vlo[c] = _mm512_loadu_si512(v + 32 * c);
-      vhi[c] = _mm512_loadu_si512(v + 32 * c + 16);
+      if constexpr (kFromRows) {
+        if (d0 == 0 && c == 0) PrefetchRows(a.v_next, 2 * p, 2, a.row_bytes);
+        const int64_t d = d0 + 32 * c;
+        const auto* row0 = static_cast<const uint16_t*>(a.v[2 * p]);
+        const auto* row1 = 2 * p + 1 < a.n ? static_cast<const uint16_t*>(a.v[2 * p + 1]) : nullptr;
+        const __m512i x = _mm512_maskz_loadu_epi16(mask[c], row0 + d);
+        const __m512i y = row1 != nullptr ? _mm512_maskz_loadu_epi16(mask[c], row1 + d)
+                                          : _mm512_setzero_si512();
+        vlo[c] = _mm512_unpacklo_epi16(x, y);
+        vhi[c] = _mm512_unpackhi_epi16(x, y);
+        _mm512_storeu_si512(v + 32 * c, vlo[c]);
+        _mm512_storeu_si512(v + 32 * c + 16, vhi[c]);
+      } else {
+        vlo[c] = _mm512_loadu_si512(v + 32 * c);
+        vhi[c] = _mm512_loadu_si512(v + 32 * c + 16);
+      }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
@@ -212,33 +218,56 @@ RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
   }
 }
 
-// PV of `rows` rows in blocks of 4, 2 and 1 rows, each over the whole head
-// in 64-dim passes (a last 32-dim one where the chunk count is odd).
+// A row block's passes over the whole head: 64 dims each, a last 32-dim one
+// where the chunk count is odd.
+template <int kRows, bool kFromRows>
+RPA_AVX512_BF16_TARGET void LanePvRows(const LanePvPass& a) {
+  int64_t d = 0;
+  for (; d + 32 < a.dim_pad; d += 64) LanePvBlock<kRows, 2, kFromRows>(a, d);
+  if (d < a.dim_pad) LanePvBlock<kRows, 1, kFromRows>(a, d);
+}
+
+// PV of `rows` rows in blocks of 4, 2 and 1 rows; the first block reads the
+// V rows (and prefetches the next tile's), the others the pairs it stored.
 RPA_AVX512_BF16_TARGET void LanePvAllRows(const LanePvPass& a, int64_t rows) {
-  ForEachPvRowBlock(rows, [&]<int kRows>(int64_t r, bool /*first*/) RPA_AVX512_BF16_TARGET {
+  if (a.v_next.count > RoundUp(a.n, 2)) {
+    PrefetchRows(a.v_next, RoundUp(a.n, 2), a.v_next.count, a.row_bytes);
+  }
+  ForEachPvRowBlock(rows, [&]<int kRows>(int64_t r, bool first) RPA_AVX512_BF16_TARGET {
     LanePvPass block = a;
     block.w += r * a.w_row_stride;
     block.acc += r * a.acc_stride;
     if (a.alpha != nullptr) block.alpha += r;
-    int64_t d = 0;
-    for (; d + 32 < a.dim_pad; d += 64) LanePvBlock<kRows, 2>(block, d);
-    if (d < a.dim_pad) LanePvBlock<kRows, 1>(block, d);
+    if (first) {
+      LanePvRows<kRows, true>(block);
+    } else {
+      LanePvRows<kRows, false>(block);
+    }
   });
+}
+
+// A pass over the tile's V rows into the state's accumulators, prefetching
+// the next tile's, the pairs in `pairs`; the weights and alpha are the caller's.
+LanePvPass LanePassOver(const KvTile& tile, const SoftmaxState& state, uint32_t* pairs) {
+  LanePvPass a;
+  a.v = tile.v;
+  a.n = tile.n;
+  a.head_dim = tile.head_dim;
+  a.row_bytes = tile.row_bytes;
+  a.pairs = pairs;
+  a.dim_pad = RoundUp(tile.head_dim, kDimAlign);
+  a.acc = state.acc;
+  a.acc_stride = state.stride;
+  a.v_next = tile.v_next;
+  return a;
 }
 
 RPA_AVX512_BF16_TARGET void PvImpl(const TileLogits& p, const KvTile& tile,
                                    const SoftmaxState& state, const TileScratch& scratch) {
   RowWeightsToBf16(p, tile.n);
-  auto* pairs = reinterpret_cast<uint32_t*>(scratch.packed);
-  PackValuePairs(tile, scratch.dim_pad, pairs);
-  LanePvPass a;
+  LanePvPass a = LanePassOver(tile, state, reinterpret_cast<uint32_t*>(scratch.packed));
   a.w = reinterpret_cast<const uint16_t*>(p.s);
   a.w_row_stride = 2 * p.stride;
-  a.pairs = pairs;
-  a.num_pairs = RoundUp(tile.n, 2) / 2;
-  a.dim_pad = scratch.dim_pad;
-  a.acc = state.acc;
-  a.acc_stride = state.stride;
   LanePvAllRows(a, p.rows);
 }
 
@@ -258,12 +287,23 @@ constexpr int64_t kTileMaxDimPad = 256;
 // SoftmaxRow's rules (the rows kernel's fused tile declines the same way).
 RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline bool LaneSoftmax(
     __m512* x, int64_t n, __mmask16 row_lanes, const SoftmaxState& state, __m512* alpha) {
-  __m512 vmax = _mm512_set1_ps(-__builtin_inff());
+  // Four partial maxima and sums: one chain of 32 dependent max or add
+  // instructions would take longer than the exp.
+  // x past n up to a multiple of 4 is -inf: no maximum, weight 0.
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  const int64_t n4 = RoundUp(n, 4);
+  for (int64_t t = n; t < n4; ++t) x[t] = neg_inf;
+  __m512 part[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
   __mmask16 nan = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    nan |= _mm512_cmp_ps_mask(x[t], x[t], _CMP_UNORD_Q);
-    vmax = _mm512_max_ps(vmax, x[t]);
+  for (int64_t t = 0; t < n4; t += 4) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      nan |= _mm512_cmp_ps_mask(x[t + i], x[t + i], _CMP_UNORD_Q);
+      part[i] = _mm512_max_ps(part[i], x[t + i]);
+    }
   }
+  const __m512 vmax =
+      _mm512_max_ps(_mm512_max_ps(part[0], part[1]), _mm512_max_ps(part[2], part[3]));
   const __m512 m_old = _mm512_maskz_loadu_ps(row_lanes, state.m);
   const __m512 m_new = _mm512_max_ps(m_old, vmax);
   const __mmask16 finite = _mm512_mask_cmp_ps_mask(row_lanes, _mm512_sub_ps(m_new, m_new),
@@ -273,11 +313,16 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline bool LaneSoftmax(
     return false;
   }
   *alpha = ExpNonPositive(_mm512_sub_ps(m_old, m_new));  // m_old = -inf: 0.
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t t = 0; t < n; ++t) {
-    x[t] = ExpNonPositive(_mm512_sub_ps(x[t], m_new));
-    sum = _mm512_add_ps(sum, x[t]);
+  for (int i = 0; i < 4; ++i) part[i] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n4; t += 4) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      x[t + i] = ExpNonPositive(_mm512_sub_ps(x[t + i], m_new));
+      part[i] = _mm512_add_ps(part[i], x[t + i]);
+    }
   }
+  const __m512 sum =
+      _mm512_add_ps(_mm512_add_ps(part[0], part[1]), _mm512_add_ps(part[2], part[3]));
   const __m512 l_old = _mm512_maskz_loadu_ps(row_lanes, state.l);
   _mm512_mask_storeu_ps(state.m, row_lanes, m_new);
   _mm512_mask_storeu_ps(state.l, row_lanes, _mm512_fmadd_ps(l_old, *alpha, sum));
@@ -320,7 +365,9 @@ RPA_AVX512_BF16_TARGET bool LanesTileImpl(const QueryRows& q, const KvTile& tile
     }
     __m512 step[kKeysPerStep];
     LaneLogitsStep(static_cast<const uint32_t*>(q.data), k, tile.head_dim, step);
-    for (int64_t i = 0; i < kKeysPerStep && t + i < n; ++i) x[t + i] = _mm512_mul_ps(step[i], scale);
+    for (int64_t i = 0; i < kKeysPerStep && t + i < n; ++i) {
+      x[t + i] = _mm512_mul_ps(step[i], scale);
+    }
   }
   __m512 alpha;
   if (!LaneSoftmax(x, n, Lanes16(q.rows), state, &alpha)) return false;
@@ -330,16 +377,10 @@ RPA_AVX512_BF16_TARGET bool LanesTileImpl(const QueryRows& q, const KvTile& tile
   alignas(64) float alpha_rows[kQueryLanes];
   _mm512_store_ps(alpha_rows, alpha);
   alignas(64) uint32_t pairs[kFusedMaxKeys / 2 * kTileMaxDimPad];
-  PackValuePairs(tile, dim_pad, pairs);
-  LanePvPass a;
+  LanePvPass a = LanePassOver(tile, state, pairs);
   a.w = reinterpret_cast<const uint16_t*>(w);
   a.w_row_stride = 2;
   a.w_pair_stride = 2 * kQueryLanes;
-  a.pairs = pairs;
-  a.num_pairs = RoundUp(n, 2) / 2;
-  a.dim_pad = dim_pad;
-  a.acc = state.acc;
-  a.acc_stride = state.stride;
   a.alpha = alpha_rows;
   LanePvAllRows(a, q.rows);
   return true;

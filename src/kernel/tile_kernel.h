@@ -5,8 +5,9 @@
 //   S = Q K^T                         (ProductKernel::logits)
 //   online softmax of S -> P, m, l    (the task loop, softmax-inl.h)
 //   acc = alpha acc + P V             (ProductKernel::pv)
-// or, for up to 4 decode rows whose keys are all visible, one fused tile
-// that keeps S and P in registers (FusedTileKernel::tile). dispatch.h says
+// or, for a group of rows whose keys are all visible (up to 4 decode rows,
+// up to 16 of the middle class), one fused tile that keeps S and P in
+// registers (FusedTileKernel::tile). dispatch.h says
 // which kernels a call runs; each kernel's file says what it computes.
 #ifndef RPA_SRC_KERNEL_TILE_KERNEL_H_
 #define RPA_SRC_KERNEL_TILE_KERNEL_H_
@@ -226,9 +227,9 @@ struct ProductKernel {
              const TileScratch& scratch);
 };
 
-// A fused decode tile, specialised for one K/V dtype as ProductKernel is:
-// logits, online-softmax update and PV of 1-4 rows of
-// one kv head over a tile of at most kFusedMaxKeys keys that every row sees
+// A fused tile, specialised for one K/V dtype as ProductKernel is: logits,
+// online-softmax update and PV of min_rows..max_rows rows of one kv head
+// over a tile of at most kFusedMaxKeys keys that every row sees
 // (no mask inside, no soft cap). Returns false with the state untouched
 // where its arithmetic cannot follow the reference (NaN, infinities, ...):
 // the next kernel in TaskKernels then takes the rows.
