@@ -1289,10 +1289,11 @@ TEST(KernelTest, QueryWithoutKeysIsZero) {
 // tile 32-63): the fused tile declines there and the products take the rest
 // of the tile, so the head's rows are NaN (or what the infinity gives) like
 // the reference's, and the other heads' rows are as without it. 3, 4 and 8
-// q heads per kv head (8: two fused groups per head), a tile ending mid-way
-// (kv_len 70), 1-3 threads (split-KV merges).
+// q heads per kv head (8: two fused groups per head), 12 and 16 (the middle
+// class: on a fast-dot CPU avx512_bf16_lanes_tile, 12 with padding lanes), a
+// tile ending mid-way (kv_len 70), 1-3 threads (split-KV merges).
 TEST(KernelTest, DecodeDeclinesMidTileLikeTheReference) {
-  for (const int64_t group : {int64_t{3}, int64_t{4}, int64_t{8}}) {
+  for (const int64_t group : {int64_t{3}, int64_t{4}, int64_t{8}, int64_t{12}, int64_t{16}}) {
     for (const float bad : {NAN, INFINITY, -INFINITY}) {
       for (int threads = 1; threads <= 3; ++threads) {
         Case c = Fixed({{1, 70}, {1, 37}, {1, 5}}, DType::kBF16, threads);
@@ -1312,6 +1313,60 @@ TEST(KernelTest, DecodeDeclinesMidTileLikeTheReference) {
         ExpectClose(c, b, RunCase(c, b, true), RunCase(c, b, false), NonFinite::kLikeReference);
       }
     }
+  }
+}
+
+// The lanes kernels' edges under AMD's rules: heads wider than the fused
+// tile's 256 padded dims (declined to the products) and odd ones, 9-31 rows
+// per kv head (one and two lane blocks, padded lanes), ragged kv lengths
+// that end tiles mid-way, a soft cap (the products alone), 1-4 threads.
+TEST(KernelBf16LanesTest, EdgesMatchReference) {
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  ScopedVendorRules amd(/*amd=*/true);
+  testing::ScopedWithoutAmx hide_amx;
+  for (const int64_t head_dim : {int64_t{264}, int64_t{257}, int64_t{33}, int64_t{1}}) {
+    for (const auto& [tokens, group] : {std::pair{3, 3}, std::pair{4, 4}, std::pair{5, 5},
+                                        std::pair{2, 12}, std::pair{1, 31}}) {
+      for (int threads : {1, 4}) {
+        Case c = Fixed({{tokens, 70}, {tokens, 33}, {tokens, tokens}}, DType::kBF16, threads);
+        c.spec.q_dtype = DType::kBF16;
+        c.spec.num_kv_heads = 2;
+        c.spec.num_q_heads = 2 * group;
+        c.spec.head_dim = head_dim;
+        c.spec.page_size = 7;
+        c.lse = true;
+        if (threads == 4) c.options.soft_cap = 20.0;
+        SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << ", " << tokens
+                                          << " tokens x " << group << " q heads per kv head");
+        CheckCase(c);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+}
+
+// The lanes kernels read nothing past a K row: with an odd head_dim the last
+// pair is one element and a zero, not the next element (in the combined
+// cache, the first of the head's V row), here +inf: read, it would make
+// every logit NaN instead of one output dimension infinite.
+TEST(KernelBf16LanesTest, OddHeadDimReadsNothingPastTheRow) {
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  ScopedVendorRules amd(/*amd=*/true);
+  testing::ScopedWithoutAmx hide_amx;
+  for (const int64_t head_dim : {int64_t{33}, int64_t{1}}) {
+    Case c = Fixed({{4, 40}}, DType::kBF16, 1);
+    c.spec.q_dtype = DType::kBF16;
+    c.spec.num_kv_heads = 2;
+    c.spec.num_q_heads = 8;  // 16 rows per kv head: the fused tile, then the products.
+    c.spec.head_dim = head_dim;
+    c.spec.page_size = 16;
+    SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
+    // V of kv head 0, key 10, dim 0.
+    const int64_t page = b.page_indices[0];
+    const int64_t element = ((page * 16 + 10) * 2 * c.spec.num_kv_heads + 1) * head_dim;
+    StoreFromF32(DType::kBF16, b.kv_pages.data(), element, INFINITY);
+    SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim);
+    ExpectClose(c, b, RunCase(c, b, true), RunCase(c, b, false), NonFinite::kLikeReference);
   }
 }
 
