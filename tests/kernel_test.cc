@@ -1046,8 +1046,9 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     EXPECT_EQ(report(DType::kBF16, middle, false, DType::kBF16),
               "middle: avx512_bf16_lanes_tile > avx512_bf16_lanes");
     EXPECT_EQ(report(DType::kBF16, middle, true, DType::kBF16), "middle: avx512_bf16_lanes");
-    EXPECT_EQ(report(DType::kF8E5M2, middle, false, DType::kBF16), "middle: avx512_bf16_rows");
-    EXPECT_EQ(report(DType::kI8, middle, false, DType::kBF16), "middle: avx512_bf16_rows");
+    EXPECT_EQ(report(DType::kF8E5M2, middle, false, DType::kBF16),
+              "middle: avx512_bf16_lanes_tile > avx512_bf16_lanes");
+    EXPECT_EQ(report(DType::kI8, middle, true, DType::kBF16), "middle: avx512_bf16_lanes");
     EXPECT_EQ(report(DType::kI8, decode, false, DType::kBF16),
               "decode: avx512_bf16_decode > avx512_bf16_rows");
     // Not exact in bf16: the widening path.
@@ -1316,30 +1317,34 @@ TEST(KernelTest, DecodeDeclinesMidTileLikeTheReference) {
   }
 }
 
-// The lanes kernels' edges under AMD's rules: heads wider than the fused
-// tile's 256 padded dims (declined to the products) and odd ones, 9-31 rows
+// The lanes kernels' edges under AMD's rules, on bf16, 8-bit float and int8
+// K/V: heads wider than the fused tile's 256 padded dims (declined to the
+// products) and odd ones, 9-31 rows
 // per kv head (one and two lane blocks, padded lanes), ragged kv lengths
 // that end tiles mid-way, a soft cap (the products alone), 1-4 threads.
 TEST(KernelBf16LanesTest, EdgesMatchReference) {
   if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
   ScopedVendorRules amd(/*amd=*/true);
   testing::ScopedWithoutAmx hide_amx;
-  for (const int64_t head_dim : {int64_t{264}, int64_t{257}, int64_t{33}, int64_t{1}}) {
-    for (const auto& [tokens, group] : {std::pair{3, 3}, std::pair{4, 4}, std::pair{5, 5},
-                                        std::pair{2, 12}, std::pair{1, 31}}) {
-      for (int threads : {1, 4}) {
-        Case c = Fixed({{tokens, 70}, {tokens, 33}, {tokens, tokens}}, DType::kBF16, threads);
-        c.spec.q_dtype = DType::kBF16;
-        c.spec.num_kv_heads = 2;
-        c.spec.num_q_heads = 2 * group;
-        c.spec.head_dim = head_dim;
-        c.spec.page_size = 7;
-        c.lse = true;
-        if (threads == 4) c.options.soft_cap = 20.0;
-        SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << ", " << tokens
-                                          << " tokens x " << group << " q heads per kv head");
-        CheckCase(c);
-        if (::testing::Test::HasFailure()) return;
+  for (const DType kv : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}) {
+    for (const int64_t head_dim : {int64_t{264}, int64_t{257}, int64_t{33}, int64_t{1}}) {
+      for (const auto& [tokens, group] : {std::pair{3, 3}, std::pair{4, 4}, std::pair{5, 5},
+                                          std::pair{2, 12}, std::pair{1, 31}}) {
+        for (int threads : {1, 4}) {
+          Case c = Fixed({{tokens, 70}, {tokens, 33}, {tokens, tokens}}, kv, threads);
+          c.spec.q_dtype = DType::kBF16;
+          c.spec.num_kv_heads = 2;
+          c.spec.num_q_heads = 2 * group;
+          c.spec.head_dim = head_dim;
+          c.spec.page_size = 7;
+          c.lse = true;
+          if (threads == 4) c.options.soft_cap = 20.0;
+          SCOPED_TRACE(::testing::Message() << ToString(kv) << ", head_dim " << head_dim << ", "
+                                            << tokens << " tokens x " << group
+                                            << " q heads per kv head");
+          CheckCase(c);
+          if (::testing::Test::HasFailure()) return;
+        }
       }
     }
   }

@@ -92,7 +92,8 @@ struct Workload {
 // K/V except decode-fp8 (the decode shape on fp8 e4m3fn K/V with scales:
 // half the bytes of decode), decode-int8 (the same on int8 K/V, scales 1/32)
 // and decode-f16 (the decode shape on f16 K/V, the cache dtype of llama.cpp
-// and of vLLM for fp16 models).
+// and of vLLM for fp16 models); verify-fp8 is verify on fp8 e4m3fn K/V
+// (speculative decoding over vLLM's fp8 cache).
 std::vector<Workload> Workloads() {
   return {
       {"decode", DecodeSequences()},
@@ -101,6 +102,7 @@ std::vector<Workload> Workloads() {
       {"decode-f16", DecodeSequences(), DType::kF16},
       {"decode-long", DecodeLongSequences()},
       {"verify", VerifySequences()},
+      {"verify-fp8", VerifySequences(), DType::kF8E4M3FN, 0.5},
       {"prefill", PrefillSequences(2048)},
       {"mixed", MixedSequences()},
   };
@@ -735,7 +737,7 @@ void AddBenchCommand(CLI::App& app) {
                   "the kernel without memory");
   bench->add_option("--only", args->only,
                     "Workloads to run: decode, decode-fp8, decode-int8, decode-f16, decode-long, "
-                    "verify, prefill, mixed, layers, mla-decode");
+                    "verify, verify-fp8, prefill, mixed, layers, mla-decode");
   bench->add_option("--threads", args->threads,
                     "Threads for the all-threads runs (0: RPA_NUM_THREADS or all cores)")
       ->capture_default_str();

@@ -30,15 +30,20 @@
 // Error: the rows kernel's exactly (the same bf16 products summed in f32,
 // in another order).
 //
-// Dispatch chooses it for bf16 q over bf16 K/V in the middle class where
-// vdpbf16ps runs at full rate. 8-bit K/V stay on avx512_bf16_rows: a pair
-// broadcast straight from their rows would need a conversion per pair.
+//   8-bit   fp8 (e4m3fn at its true value, e5m2) and int8 K/V become bf16
+//           exactly (RowReader): K rows into a dense bf16 copy per tile
+//           (scratch, or the fused tile's stack), whose pairs the logits
+//           broadcast; V chunks in registers in the first PV block.
+//
+// Dispatch chooses it for bf16 q over bf16, 8-bit float or int8 K/V in the
+// middle class where vdpbf16ps runs at full rate.
 #include "kernel/avx512_bf16_lanes.h"
 
 #if defined(__x86_64__)
 #include <algorithm>
 
 #include "kernel/avx512_common.h"
+#include "kernel/bf16_pairs.h"
 
 namespace rpa::internal {
 namespace avx512 {
@@ -118,10 +123,32 @@ RPA_AVX512_BF16_TARGET void LaneLogitsBlock(const uint32_t* q, int64_t r0, int64
   }
 }
 
+// The tile's K rows as bf16 rows: bf16 as they are; 8-bit K/V converted
+// exactly (RowReader: e4m3fn at its true value, zero past head_dim) into
+// out [n][dim_pad], row i's pointer in pointers[i].
+template <DType kDtype>
+RPA_AVX512_BF16_TARGET KvRows KeysAsBf16(const KvTile& tile, uint16_t* out,
+                                         const uint8_t** pointers) {
+  if constexpr (kDtype == DType::kBF16) {
+    return tile.k;
+  } else {
+    const RowReader<kDtype> read(tile.head_dim);
+    const int64_t dim_pad = RoundUp(tile.head_dim, kDimAlign);
+    for (int64_t i = 0; i < tile.n; ++i) {
+      uint16_t* row = out + i * dim_pad;
+      for (int64_t d = 0; d < dim_pad; d += 32) _mm512_storeu_si512(row + d, read(tile.k[i], d));
+      pointers[i] = reinterpret_cast<const uint8_t*>(row);
+    }
+    return KvRows{pointers, 0, tile.n};
+  }
+}
+
 // Keys outside, row blocks inside: a step's 8 K rows (a token, 4 KiB, apart
 // in the cache) are read from L2 once for both row blocks of 17-31 rows.
-RPA_AVX512_BF16_TARGET void LogitsImpl(const QueryRows& q, const KvTile& tile,
-                                       const TileLogits& s) {
+template <DType kDtype>
+RPA_AVX512_BF16_TARGET void LogitsImpl(const QueryRows& q, KvTile tile, const TileLogits& s,
+                                       const TileScratch& scratch) {
+  tile.k = KeysAsBf16<kDtype>(tile, scratch.kv_bf16, scratch.converted);
   const uint32_t* blocks = static_cast<const uint32_t*>(q.data);
   const int64_t block_elems = q.stride / 2 * kQueryLanes;
   if (tile.k_next.count > RoundUp(tile.n, kKeysPerStep)) {
@@ -161,8 +188,9 @@ struct LanePvPass {
   KvRows v_next;                 // The next tile's V rows, prefetched by the first pass.
 };
 
-template <int kRows, int kChunks, bool kFromRows>
+template <int kRows, int kChunks, bool kFromRows, DType kDtype>
 RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
+  const RowReader<kDtype> read(a.head_dim);
   __m512 lo[kChunks][kRows], hi[kChunks][kRows];
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
@@ -174,8 +202,6 @@ RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
           _mm512_mul_ps(_mm512_loadu_ps(a.acc + r * a.acc_stride + d0 + 32 * c + 16), alpha);
     }
   }
-  __mmask32 mask[kChunks];
-  for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask(d0 + 32 * c, a.head_dim);
   for (int64_t p = 0; 2 * p < a.n; ++p) {
     uint32_t* v = a.pairs + p * a.dim_pad + d0;
     __m512i vlo[kChunks], vhi[kChunks];
@@ -184,11 +210,8 @@ RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
       if constexpr (kFromRows) {
         if (d0 == 0 && c == 0) PrefetchRows(a.v_next, 2 * p, 2, a.row_bytes);
         const int64_t d = d0 + 32 * c;
-        const auto* row0 = static_cast<const uint16_t*>(a.v[2 * p]);
-        const auto* row1 = 2 * p + 1 < a.n ? static_cast<const uint16_t*>(a.v[2 * p + 1]) : nullptr;
-        const __m512i x = _mm512_maskz_loadu_epi16(mask[c], row0 + d);
-        const __m512i y = row1 != nullptr ? _mm512_maskz_loadu_epi16(mask[c], row1 + d)
-                                          : _mm512_setzero_si512();
+        const __m512i x = read(a.v[2 * p], d);
+        const __m512i y = 2 * p + 1 < a.n ? read(a.v[2 * p + 1], d) : _mm512_setzero_si512();
         vlo[c] = _mm512_unpacklo_epi16(x, y);
         vhi[c] = _mm512_unpackhi_epi16(x, y);
         _mm512_storeu_si512(v + 32 * c, vlo[c]);
@@ -220,15 +243,16 @@ RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
 
 // A row block's passes over the whole head: 64 dims each, a last 32-dim one
 // where the chunk count is odd.
-template <int kRows, bool kFromRows>
+template <int kRows, bool kFromRows, DType kDtype>
 RPA_AVX512_BF16_TARGET void LanePvRows(const LanePvPass& a) {
   int64_t d = 0;
-  for (; d + 32 < a.dim_pad; d += 64) LanePvBlock<kRows, 2, kFromRows>(a, d);
-  if (d < a.dim_pad) LanePvBlock<kRows, 1, kFromRows>(a, d);
+  for (; d + 32 < a.dim_pad; d += 64) LanePvBlock<kRows, 2, kFromRows, kDtype>(a, d);
+  if (d < a.dim_pad) LanePvBlock<kRows, 1, kFromRows, kDtype>(a, d);
 }
 
 // PV of `rows` rows in blocks of 4, 2 and 1 rows; the first block reads the
 // V rows (and prefetches the next tile's), the others the pairs it stored.
+template <DType kDtype>
 RPA_AVX512_BF16_TARGET void LanePvAllRows(const LanePvPass& a, int64_t rows) {
   if (a.v_next.count > RoundUp(a.n, 2)) {
     PrefetchRows(a.v_next, RoundUp(a.n, 2), a.v_next.count, a.row_bytes);
@@ -239,9 +263,9 @@ RPA_AVX512_BF16_TARGET void LanePvAllRows(const LanePvPass& a, int64_t rows) {
     block.acc += r * a.acc_stride;
     if (a.alpha != nullptr) block.alpha += r;
     if (first) {
-      LanePvRows<kRows, true>(block);
+      LanePvRows<kRows, true, kDtype>(block);
     } else {
-      LanePvRows<kRows, false>(block);
+      LanePvRows<kRows, false, kDtype>(block);
     }
   });
 }
@@ -262,13 +286,14 @@ LanePvPass LanePassOver(const KvTile& tile, const SoftmaxState& state, uint32_t*
   return a;
 }
 
+template <DType kDtype>
 RPA_AVX512_BF16_TARGET void PvImpl(const TileLogits& p, const KvTile& tile,
                                    const SoftmaxState& state, const TileScratch& scratch) {
   RowWeightsToBf16(p, tile.n);
   LanePvPass a = LanePassOver(tile, state, reinterpret_cast<uint32_t*>(scratch.packed));
   a.w = reinterpret_cast<const uint16_t*>(p.s);
   a.w_row_stride = 2 * p.stride;
-  LanePvAllRows(a, p.rows);
+  LanePvAllRows<kDtype>(a, p.rows);
 }
 
 // ---- The fused tile: up to 16 rows (one block of lanes) over a tile of at
@@ -347,10 +372,15 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void LaneWeightPair
   }
 }
 
+template <DType kDtype>
 RPA_AVX512_BF16_TARGET bool LanesTileImpl(const QueryRows& q, const KvTile& tile,
                                           float logit_scale, const SoftmaxState& state) {
   const int64_t n = tile.n, dim_pad = RoundUp(tile.head_dim, kDimAlign);
   if (q.rows > kQueryLanes || n > kFusedMaxKeys || dim_pad > kTileMaxDimPad) return false;
+  // 8-bit K as bf16 rows (bf16: the cache's rows as they are).
+  alignas(64) uint16_t k_bf16[kDtype == DType::kBF16 ? 1 : kFusedMaxKeys * kTileMaxDimPad];
+  const uint8_t* k_pointers[kFusedMaxKeys];
+  const KvRows keys = KeysAsBf16<kDtype>(tile, k_bf16, k_pointers);
   // Logits, 8 keys a step, scaled.
   __m512 x[kFusedMaxKeys];
   if (tile.k_next.count > RoundUp(n, kKeysPerStep)) {
@@ -361,7 +391,7 @@ RPA_AVX512_BF16_TARGET bool LanesTileImpl(const QueryRows& q, const KvTile& tile
     PrefetchRows(tile.k_next, t, kKeysPerStep, tile.row_bytes);
     const uint16_t* k[kKeysPerStep];  // Keys past n repeat the last; not used.
     for (int i = 0; i < kKeysPerStep; ++i) {
-      k[i] = static_cast<const uint16_t*>(tile.k[std::min(t + i, n - 1)]);
+      k[i] = static_cast<const uint16_t*>(keys[std::min(t + i, n - 1)]);
     }
     __m512 step[kKeysPerStep];
     LaneLogitsStep(static_cast<const uint32_t*>(q.data), k, tile.head_dim, step);
@@ -382,45 +412,55 @@ RPA_AVX512_BF16_TARGET bool LanesTileImpl(const QueryRows& q, const KvTile& tile
   a.w_row_stride = 2;
   a.w_pair_stride = 2 * kQueryLanes;
   a.alpha = alpha_rows;
-  LanePvAllRows(a, q.rows);
+  LanePvAllRows<kDtype>(a, q.rows);
   return true;
 }
 
+template <DType kDtype>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
-            const TileScratch& /*scratch*/) {
-  if (q.rows > 0 && tile.n > 0) LogitsImpl(q, tile, s);
+            const TileScratch& scratch) {
+  if (q.rows > 0 && tile.n > 0) LogitsImpl<kDtype>(q, tile, s, scratch);
 }
 
+template <DType kDtype>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& scratch) {
-  if (p.rows > 0 && tile.n > 0) PvImpl(p, tile, state, scratch);
+  if (p.rows > 0 && tile.n > 0) PvImpl<kDtype>(p, tile, state, scratch);
 }
 
+template <DType kDtype>
 bool LanesTile(const QueryRows& q, const KvTile& tile, float logit_scale,
                const SoftmaxState& state) {
-  return LanesTileImpl(q, tile, logit_scale, state);
+  return LanesTileImpl<kDtype>(q, tile, logit_scale, state);
 }
 
-// prepare_q null: the task loop builds kBf16PairLanes from the kBf16 rows.
+// The instances for K/V of kDtype (bf16, e4m3fn, e5m2, int8). prepare_q
+// null: the task loop builds kBf16PairLanes from the kBf16 rows.
+template <DType kDtype>
 constexpr ProductKernel kLanes = {"avx512_bf16_lanes",    QueryFormat::kBf16PairLanes,
                                   nullptr,                AccOrder::kPairInterleaved,
-                                  /*e4m3_scaled=*/false,  Logits,
-                                  Pv};
+                                  /*e4m3_scaled=*/false,  Logits<kDtype>,
+                                  Pv<kDtype>};
 
-constexpr FusedTileKernel kLanesTile = {"avx512_bf16_lanes_tile",   QueryFormat::kBf16PairLanes,
-                                         nullptr,                    AccOrder::kPairInterleaved,
-                                         /*e4m3_scaled=*/false,      /*min_rows=*/1,
-                                         /*max_rows=*/kQueryLanes,   LanesTile};
+template <DType kDtype>
+constexpr FusedTileKernel kLanesTile = {
+    "avx512_bf16_lanes_tile", QueryFormat::kBf16PairLanes, nullptr, AccOrder::kPairInterleaved,
+    /*e4m3_scaled=*/false,    /*min_rows=*/1,              /*max_rows=*/kQueryLanes,
+    LanesTile<kDtype>};
 
 }  // namespace
 }  // namespace avx512
 
 const ProductKernel* Avx512Bf16Lanes(DType kv_dtype) {
-  return kv_dtype == DType::kBF16 ? &avx512::kLanes : nullptr;
+  return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2,
+                          DType::kI8>(kv_dtype,
+                                      []<DType kDtype>() { return &avx512::kLanes<kDtype>; });
 }
 
 const FusedTileKernel* Avx512Bf16LanesTile(DType kv_dtype) {
-  return kv_dtype == DType::kBF16 ? &avx512::kLanesTile : nullptr;
+  return KernelForKvDtype<FusedTileKernel, DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2,
+                          DType::kI8>(kv_dtype,
+                                      []<DType kDtype>() { return &avx512::kLanesTile<kDtype>; });
 }
 
 }  // namespace rpa::internal

@@ -8,8 +8,9 @@
 #if defined(__x86_64__)
 namespace rpa::internal {
 
-// Unfused products over bf16 K/V (null for any other dtype) with bf16 q in
-// kBf16PairLanes; accumulators kPairInterleaved. Needs CpuFeatures::avx512bf16.
+// Unfused products over K/V of kv_dtype (bf16, e4m3fn, e5m2 or int8; null
+// for any other) with bf16 q in kBf16PairLanes; accumulators
+// kPairInterleaved. Needs CpuFeatures::avx512bf16.
 const ProductKernel* Avx512Bf16Lanes(DType kv_dtype);
 // The fused tile of the same arithmetic: up to 16 rows of one kv head, the
 // softmax lane-wise between the products.

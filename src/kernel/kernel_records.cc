@@ -75,7 +75,7 @@ KernelRecord g_records[] = {
       HasFastBf16Dot},
      Avx512Bf16Packed},
     {"avx512_bf16_lanes", "avx512_bf16_lanes.cc",
-     {kBf16Q, DTypeBits({DType::kBF16}), kMiddleClass, true, HasFastBf16Dot},
+     {kBf16Q, kBf16ExactKv, kMiddleClass, true, HasFastBf16Dot},
      Avx512Bf16Lanes},
     {"avx512_bf16_rows", "avx512_bf16_rows.cc",
      {kBf16Q, kBf16ExactKv, kRowClasses, true, Bf16PairRowsPay},
@@ -94,7 +94,7 @@ KernelRecord g_records[] = {
 #if defined(__x86_64__)
     // ---- Fused tiles (no soft cap: their exp has no tanh before it).
     {"avx512_bf16_lanes_tile", "avx512_bf16_lanes.cc",
-     {kBf16Q, DTypeBits({DType::kBF16}), kMiddleClass, false, HasFastBf16Dot},
+     {kBf16Q, kBf16ExactKv, kMiddleClass, false, HasFastBf16Dot},
      nullptr, Avx512Bf16LanesTile},
     {"avx512_bf16_decode", "avx512_bf16_rows.cc",
      {kBf16Q, kBf16ExactKv, kDecodeClass, false, Bf16PairRowsPay},
