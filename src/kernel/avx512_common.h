@@ -1,7 +1,9 @@
-// Pieces the AVX-512 tile kernels share (avx512_wide.cc, avx512_fp16_decode.cc):
-// the transpose-and-add reduction of 16 accumulators into one vector of
-// logits, the fused decode tiles' exp, row reductions, logits walk and
-// online-softmax update. x86-64 only; every function is compiled for the
+// Pieces the AVX-512 tile kernels share (avx512_wide.cc, avx512_fp16_decode.cc,
+// avx512_bf16_rows.cc, avx512_bf16_lanes.cc, bf16_pairs.cc): the
+// transpose-and-add reduction of 16 accumulators into one vector of logits,
+// the 16 x 16 dword transpose, the bf16 weight rows, the fused tiles' exp,
+// row reductions, logits walk and online-softmax update, the 8-bit
+// conversions. x86-64 only; every function is compiled for the
 // instructions it uses (never -march=native for a file) and called only
 // where CpuFeatures says so.
 #ifndef RPA_SRC_KERNEL_AVX512_COMMON_H_
