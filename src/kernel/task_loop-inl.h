@@ -130,9 +130,10 @@ struct TaskContext {
   int64_t LaneRowOf(int64_t r) const {
     return r / rows_per_head * LaneRowsPerHead(rows_per_head) + r % rows_per_head;
   }
-  // Rows [r0, r0 + count) in the format; kBf16PairLanes only from a kv
-  // head's first row (its kernels are never behind a fused tile that takes
-  // some of a head's rows: they run the middle class, which has none).
+  // Rows [r0, r0 + count) in the format; kBf16PairLanes only from a block's
+  // first row: a kv head's first, or one after whole 16-row groups (its
+  // kernels run the middle class, whose only fused tile, the lanes one,
+  // takes a head's rows 16 at a time).
   QueryRows Queries(QueryFormat format, int64_t r0, int64_t count) const {
     const int64_t stride = QueryStride(format, ws->dim_pad);
     const int f = static_cast<int>(format);
