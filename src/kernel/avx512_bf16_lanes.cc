@@ -19,21 +19,21 @@
 //           instead of rows a token (4 KiB) apart, which share L1 sets. The
 //           weights are rounded to bf16 (nearest even) as in every bf16-pair
 //           kernel.
+//   8-bit   fp8 (e4m3fn at its true value, e5m2) and int8 K/V become bf16
+//           exactly (RowReader): K rows into a dense bf16 copy per tile
+//           (scratch, or the fused tile's stack), whose pairs the logits
+//           broadcast; V chunks in registers in the first PV block.
 //   fused   (avx512_bf16_lanes_tile) S^T and the weights stay in vectors,
 //           lane = row, between the products: the online softmax is
 //           lane-wise, with no loop over rows and no trip through s.
 // Against avx512_bf16_rows (4 x 4 blocks of row . key dot products reduced
 // by a transpose-and-add tree, V rows re-read per 4-row block) both products
-// take about 0.6 of the time for 16 rows on Zen 5, and the fused tile cuts
-// the middle class's step by a third (docs/kernel_log.md).
+// take about 0.6 of the time for 16 rows on Zen 5, and with the fused tile
+// the verification step takes about two thirds of the rows kernel's
+// (docs/kernel_log.md, 2026-12-07).
 //
 // Error: the rows kernel's exactly (the same bf16 products summed in f32,
-// in another order).
-//
-//   8-bit   fp8 (e4m3fn at its true value, e5m2) and int8 K/V become bf16
-//           exactly (RowReader): K rows into a dense bf16 copy per tile
-//           (scratch, or the fused tile's stack), whose pairs the logits
-//           broadcast; V chunks in registers in the first PV block.
+// in another order; the same bf16 weights).
 //
 // Dispatch chooses it for bf16 q over bf16, 8-bit float or int8 K/V in the
 // middle class where vdpbf16ps runs at full rate.
