@@ -32,7 +32,7 @@
 // the verification step takes about two thirds of the rows kernel's
 // (docs/kernel_log.md, 2026-12-07).
 //
-// Error: the rows kernel's exactly (the same bf16 products summed in f32,
+// Error: the rows kernel's bound (the same bf16 products summed in f32,
 // in another order; the same bf16 weights).
 //
 // Dispatch chooses it for bf16 q over bf16, 8-bit float or int8 K/V in the
