@@ -309,7 +309,7 @@ constexpr int64_t kTileMaxDimPad = 256;
 // tile's scaled logits x[0, n): x becomes the weights e^(x - m_new), m and
 // l are updated and *alpha = e^(m_old - m_new). False, with nothing
 // written, where a NaN (in x or m) or a maximum that is not finite needs
-// SoftmaxRow's rules (the rows kernel's fused tile declines the same way).
+// SoftmaxRow's rules (FusedSoftmaxFollows, as the decode tiles decline).
 RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline bool LaneSoftmax(
     __m512* x, int64_t n, __mmask16 row_lanes, const SoftmaxState& state, __m512* alpha) {
   // Four partial maxima and sums: one chain of 32 dependent max or add
@@ -331,12 +331,7 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline bool LaneSoftmax(
       _mm512_max_ps(_mm512_max_ps(part[0], part[1]), _mm512_max_ps(part[2], part[3]));
   const __m512 m_old = _mm512_maskz_loadu_ps(row_lanes, state.m);
   const __m512 m_new = _mm512_max_ps(m_old, vmax);
-  const __mmask16 finite = _mm512_mask_cmp_ps_mask(row_lanes, _mm512_sub_ps(m_new, m_new),
-                                                   _mm512_setzero_ps(), _CMP_EQ_OQ);
-  if ((nan & row_lanes) != 0 || finite != row_lanes ||
-      _mm512_mask_cmp_ps_mask(row_lanes, m_old, m_old, _CMP_UNORD_Q) != 0) {
-    return false;
-  }
+  if (!FusedSoftmaxFollows(nan, m_old, m_new, row_lanes)) return false;
   *alpha = ExpNonPositive(_mm512_sub_ps(m_old, m_new));  // m_old = -inf: 0.
   for (int i = 0; i < 4; ++i) part[i] = _mm512_setzero_ps();
   for (int64_t t = 0; t < n4; t += 4) {
@@ -359,12 +354,11 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline bool LaneSoftmax(
 // n is odd.
 RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void LaneWeightPairs(
     const __m512* x, int64_t n, __m512i* w) {
-  alignas(64) uint16_t interleave[32];
-  for (int r = 0; r < 16; ++r) {
-    interleave[2 * r] = static_cast<uint16_t>(r);
-    interleave[2 * r + 1] = static_cast<uint16_t>(16 + r);
-  }
-  const __m512i index = _mm512_load_si512(interleave);
+  // Word 2r of the result from word r (x[2j]), word 2r + 1 from word 16 + r.
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i index = _mm512_load_si512(kInterleave);
   for (int64_t j = 0; 2 * j < n; ++j) {
     const __m512 partner = 2 * j + 1 < n ? x[2 * j + 1] : _mm512_setzero_ps();
     const __m512i halves = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(partner, x[2 * j]));

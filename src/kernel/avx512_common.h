@@ -246,6 +246,18 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline void DecodeTileLogits(
   }
 }
 
+// Whether a fused tile's online-softmax update follows the reference on the
+// lanes `lanes`: no NaN logit there (nan), no NaN running maximum (m_old), a
+// finite new maximum (m_new). Otherwise the tile declines, and SoftmaxRow's
+// rules take the rows.
+RPA_AVX512_TARGET __attribute__((always_inline)) inline bool FusedSoftmaxFollows(
+    __mmask16 nan, __m512 m_old, __m512 m_new, __mmask16 lanes) {
+  const __mmask16 finite = _mm512_mask_cmp_ps_mask(lanes, _mm512_sub_ps(m_new, m_new),
+                                                   _mm512_setzero_ps(), _CMP_EQ_OQ);
+  return (nan & lanes) == 0 && finite == lanes &&
+         _mm512_mask_cmp_ps_mask(lanes, m_old, m_old, _CMP_UNORD_Q) == 0;
+}
+
 // A fused decode tile's new softmax state for its (up to) 4 rows: m, l and
 // the factor alpha = e^(m_old - m_new) that rescales the old accumulator.
 struct DecodeTileState {
@@ -271,12 +283,7 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline bool DecodeTileSoftmax(
       _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
       _mm512_castps128_ps512(_mm_maskz_loadu_ps(row_mask, m)));
   const __m512 m_new = _mm512_max_ps(m_old, RowMax(vmax));
-  const __mmask16 finite = _mm512_mask_cmp_ps_mask(
-      row_lanes, _mm512_sub_ps(m_new, m_new), _mm512_setzero_ps(), _CMP_EQ_OQ);
-  if ((nan & row_lanes) != 0 || finite != row_lanes ||
-      _mm512_mask_cmp_ps_mask(row_lanes, m_old, m_old, _CMP_UNORD_Q) != 0) {
-    return false;
-  }
+  if (!FusedSoftmaxFollows(nan, m_old, m_new, row_lanes)) return false;
   const __m512 alpha = ExpNonPositive(_mm512_sub_ps(m_old, m_new));  // m_old = -inf: 0.
   __m512 sum = _mm512_setzero_ps();
   for (int64_t b = 0; 4 * b < n; ++b) {
