@@ -16,7 +16,6 @@ using internal::AmxRoundUp;
 using internal::kAmxDimAlign;
 using internal::kAmxKeyAlign;
 using internal::kAmxTileRows;
-using internal::RowReader;
 using internal::amx::DpC;
 using internal::amx::HwTiles;
 using internal::amx::kConfigFull;
@@ -24,6 +23,7 @@ using internal::amx::kFullConfig;
 using internal::amx::StoreC;
 using internal::amx::TileConfig;
 using internal::amx::ZeroC;
+using internal::avx512::RowReader;
 
 // ---- Decode: S^T = K Q^T. Tiles: C 0-3 (C[i][j] = tile 2 i + j: keys
 // i0 + 16 i, q heads 16 j ..), A 4-5 (key blocks), B 6-7 (q head halves).

@@ -43,36 +43,13 @@ namespace rpa::internal {
 namespace avx512 {
 namespace {
 
-// How a K/V row's elements are stored.
-enum class Source : uint8_t {
-  kBf16,  // bf16: loaded as is.
-  kFp8,   // e4m3fn or e5m2: a table lookup to bf16 first (Fp8ToBf16).
-  kI8,    // int8: sign-extended and converted through f32 (I8ToBf16).
-};
-
-// Elements [d, d + 32) of a K/V row as 32 bf16 (masked: nothing past the
-// row is read, the tail is 0).
-template <Source kSource, bool kWhole = false>
-RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i LoadBf16(
-    const void* row, int64_t d, __mmask32 mask, const Fp8Lut& lut) {
-  if constexpr (kSource == Source::kFp8 || kSource == Source::kI8) {
-    const uint8_t* p = static_cast<const uint8_t*>(row) + d;
-    const __m256i codes = kWhole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                                 : _mm256_maskz_loadu_epi8(mask, p);
-    if constexpr (kSource == Source::kI8) return I8ToBf16(codes);
-    return Fp8ToBf16(_mm512_cvtepu8_epi16(codes), lut);
-  } else {
-    const uint16_t* p = static_cast<const uint16_t*>(row) + d;
-    return kWhole ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask, p);
-  }
-}
-
 // The logits of a kRows x kTokens block (kRows * kTokens = 16) of key rows
 // k[t]: lane r * kTokens + t of the result is q_r . k_t. q rows are bf16,
 // zero padded to a multiple of 32 dims.
-template <int kRows, int kTokens, Source kSource>
+template <int kRows, int kTokens, DType kDtype>
 RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512 PairLogitsVector(
-    const uint16_t* const* q, const void* const* k, int64_t head_dim, const Fp8Lut& lut) {
+    const uint16_t* const* q, const void* const* k, const RowReader<kDtype>& read) {
+  const int64_t head_dim = read.head_dim;
   static_assert(kRows * kTokens == 16);
   __m512 acc[16];
 #pragma GCC unroll 16
@@ -82,7 +59,7 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512 PairLogitsVe
     const __mmask32 mask = kWhole ? ~__mmask32{0} : ChunkMask(d, head_dim);
     __m512i keys[kTokens];
 #pragma GCC unroll 16
-    for (int t = 0; t < kTokens; ++t) keys[t] = LoadBf16<kSource, kWhole>(k[t], d, mask, lut);
+    for (int t = 0; t < kTokens; ++t) keys[t] = read.template Chunk<kWhole>(k[t], d, mask);
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
       const __m512i qr = _mm512_loadu_si512(q[r] + d);
@@ -99,9 +76,10 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512 PairLogitsVe
 }
 
 // The logits of rows [r, r + kRows) x keys [t, t + kTokens) that exist.
-template <int kRows, int kTokens, Source kSource>
+template <int kRows, int kTokens, DType kDtype>
 RPA_AVX512_BF16_TARGET void PairLogitsBlock(const QueryRows& q, const KvTile& tile, int64_t r,
-                                            int64_t t, const TileLogits& s, const Fp8Lut& lut) {
+                                            int64_t t, const TileLogits& s,
+                                            const RowReader<kDtype>& read) {
   const void* keys[kTokens];
 #pragma GCC unroll 16
   for (int i = 0; i < kTokens; ++i) keys[i] = tile.k[t + i < tile.n ? t + i : t];
@@ -110,7 +88,7 @@ RPA_AVX512_BF16_TARGET void PairLogitsBlock(const QueryRows& q, const KvTile& ti
 #pragma GCC unroll 4
   for (int i = 0; i < kRows; ++i) q_rows[i] = q0 + (r + i < q.rows ? i : 0) * q.stride;
   StoreLogitsBlock<kRows, kTokens>(
-      PairLogitsVector<kRows, kTokens, kSource>(q_rows, keys, tile.head_dim, lut), q.rows - r,
+      PairLogitsVector<kRows, kTokens, kDtype>(q_rows, keys, read), q.rows - r,
       tile.n - t, s.s + r * s.stride + t, s.stride);
 }
 
@@ -133,7 +111,6 @@ struct PairPvPass {
   const float* alpha = nullptr;      // [rows] scales each acc row first; null: none.
   const KvRows* prefetch = nullptr;  // The next tile's V rows; null: none.
   int64_t prefetch_bytes = 0;
-  const Fp8Lut* lut = nullptr;
 };
 
 template <WeightLayout kLayout>
@@ -146,10 +123,11 @@ __attribute__((always_inline)) inline const uint16_t* WeightPair(const PairPvPas
 // A pass over kRows rows and the kChunks 32-dim chunks from d0 (4 kRows *
 // kChunks accumulators: 16 at 4 rows x 2 chunks). Per key pair, each chunk
 // of the two V rows is interleaved once and feeds every row.
-template <int kRows, int kChunks, Source kSource, WeightLayout kLayout>
-RPA_AVX512_BF16_TARGET void PairPvBlock(const PairPvPass& a, int64_t d0, bool prefetch) {
+template <int kRows, int kChunks, DType kDtype, WeightLayout kLayout>
+RPA_AVX512_BF16_TARGET void PairPvBlock(const PairPvPass& a, const RowReader<kDtype>& reader,
+                                        int64_t d0, bool prefetch) {
   static_assert(kLayout == WeightLayout::kRows || kRows == 4);
-  const Fp8Lut lut = *a.lut;
+  const RowReader<kDtype> read = reader;  // The table in registers, not reloaded per key.
   const KvRows pf = prefetch && a.prefetch != nullptr ? *a.prefetch : KvRows{};
   __mmask32 mask[kChunks];
   for (int c = 0; c < kChunks; ++c) mask[c] = ChunkMask(d0 + 32 * c, a.head_dim);
@@ -171,9 +149,9 @@ RPA_AVX512_BF16_TARGET void PairPvBlock(const PairPvPass& a, int64_t d0, bool pr
     __m512i vlo[kChunks], vhi[kChunks];
 #pragma GCC unroll 2
     for (int c = 0; c < kChunks; ++c) {
-      const __m512i v0 = LoadBf16<kSource>(a.v[t], d0 + 32 * c, mask[c], lut);
-      const __m512i v1 = partner ? LoadBf16<kSource>(a.v[t + 1], d0 + 32 * c, mask[c], lut)
-                                 : _mm512_setzero_si512();
+      const __m512i v0 = read.Chunk(a.v[t], d0 + 32 * c, mask[c]);
+      const __m512i v1 =
+          partner ? read.Chunk(a.v[t + 1], d0 + 32 * c, mask[c]) : _mm512_setzero_si512();
       vlo[c] = _mm512_unpacklo_epi16(v0, v1);
       vhi[c] = _mm512_unpackhi_epi16(v0, v1);
     }
@@ -210,16 +188,17 @@ RPA_AVX512_BF16_TARGET void PairPvBlock(const PairPvPass& a, int64_t d0, bool pr
 
 // One row block's PV over the whole head: chunk pairs, then a last single
 // chunk where the chunk count is odd. The first pass issues the prefetches.
-template <int kRows, Source kSource, WeightLayout kLayout>
-RPA_AVX512_BF16_TARGET void PairPvRows(const PairPvPass& a) {
+template <int kRows, DType kDtype, WeightLayout kLayout>
+RPA_AVX512_BF16_TARGET void PairPvRows(const PairPvPass& a, const RowReader<kDtype>& read) {
   int64_t d = 0;
-  for (; d + 32 < a.head_dim; d += 64) PairPvBlock<kRows, 2, kSource, kLayout>(a, d, d == 0);
-  if (d < a.head_dim) PairPvBlock<kRows, 1, kSource, kLayout>(a, d, d == 0);
+  for (; d + 32 < a.head_dim; d += 64) PairPvBlock<kRows, 2, kDtype, kLayout>(a, read, d, d == 0);
+  if (d < a.head_dim) PairPvBlock<kRows, 1, kDtype, kLayout>(a, read, d, d == 0);
 }
 
 // PV of every row in blocks of 4, 2 and 1 rows; the first block prefetches.
-template <Source kSource>
-RPA_AVX512_BF16_TARGET void PairPvAllRows(const PairPvPass& a, int64_t rows) {
+template <DType kDtype>
+RPA_AVX512_BF16_TARGET void PairPvAllRows(const PairPvPass& a, int64_t rows,
+                                          const RowReader<kDtype>& read) {
   const KvRows* pf = a.prefetch;
   if (pf != nullptr && pf->count > a.n) PrefetchRows(*pf, a.n, pf->count, a.prefetch_bytes);
   ForEachPvRowBlock(rows, [&]<int kRows>(int64_t r, bool first) RPA_AVX512_BF16_TARGET {
@@ -228,13 +207,13 @@ RPA_AVX512_BF16_TARGET void PairPvAllRows(const PairPvPass& a, int64_t rows) {
     block.acc = a.acc + r * a.acc_stride;
     block.rows = kRows;
     block.prefetch = first ? pf : nullptr;
-    PairPvRows<kRows, kSource, WeightLayout::kRows>(block);
+    PairPvRows<kRows, kDtype, WeightLayout::kRows>(block, read);
   });
 }
 
 // A pass over the tile's V rows into the state's accumulators, prefetching
 // the next tile's; the weights, rows and alpha are the caller's.
-PairPvPass PassOver(const KvTile& tile, const SoftmaxState& state, const Fp8Lut* lut) {
+PairPvPass PassOver(const KvTile& tile, const SoftmaxState& state) {
   PairPvPass a;
   a.v = tile.v;
   a.n = tile.n;
@@ -243,36 +222,33 @@ PairPvPass PassOver(const KvTile& tile, const SoftmaxState& state, const Fp8Lut*
   a.acc_stride = state.stride;
   a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
   a.prefetch_bytes = tile.row_bytes;
-  a.lut = lut;
   return a;
 }
 
-template <Source kSource>
+template <DType kDtype>
 RPA_AVX512_BF16_TARGET void LogitsImpl(const QueryRows& q, const KvTile& tile,
-                                       const TileLogits& s, const Fp8Table* table) {
-  const Fp8Lut lut = LoadLut(table);
+                                       const TileLogits& s) {
+  const RowReader<kDtype> read(tile.head_dim);
   ForEachLogitsBlock(q.rows, tile, [&]<int kRows, int kTokens>(int64_t r, int64_t t)
                                        RPA_AVX512_BF16_TARGET {
-    PairLogitsBlock<kRows, kTokens, kSource>(q, tile, r, t, s, lut);
+    PairLogitsBlock<kRows, kTokens, kDtype>(q, tile, r, t, s, read);
   });
 }
 
-template <Source kSource>
+template <DType kDtype>
 RPA_AVX512_BF16_TARGET void PvImpl(const TileLogits& p, const KvTile& tile,
-                                   const SoftmaxState& state, const Fp8Table* table) {
-  const Fp8Lut lut = LoadLut(table);
+                                   const SoftmaxState& state) {
   RowWeightsToBf16(p, tile.n);
-  PairPvPass a = PassOver(tile, state, &lut);
+  PairPvPass a = PassOver(tile, state);
   a.w = reinterpret_cast<const uint16_t*>(p.s);
   a.w_stride = 2 * p.stride;
-  PairPvAllRows<kSource>(a, p.rows);
+  PairPvAllRows<kDtype>(a, p.rows, RowReader<kDtype>(tile.head_dim));
 }
 
-template <Source kSource>
+template <DType kDtype>
 RPA_AVX512_BF16_TARGET bool DecodeTileImpl(const QueryRows& q_rows, const KvTile& tile,
-                                           float logit_scale, const SoftmaxState& state,
-                                           const Fp8Table* table) {
-  const Fp8Lut lut = LoadLut(table);
+                                           float logit_scale, const SoftmaxState& state) {
+  const RowReader<kDtype> read(tile.head_dim);
   const __m512 scale = _mm512_set1_ps(logit_scale);
   const int64_t rows = q_rows.rows;
   const uint16_t* q[4];
@@ -281,7 +257,7 @@ RPA_AVX512_BF16_TARGET bool DecodeTileImpl(const QueryRows& q_rows, const KvTile
   alignas(64) float w[kFusedMaxKeys / 4 * 16];
   DecodeTileState next;
   const auto block = [&](const void* const* k) RPA_AVX512_BF16_TARGET {
-    return _mm512_mul_ps(PairLogitsVector<4, 4, kSource>(q, k, tile.head_dim, lut), scale);
+    return _mm512_mul_ps(PairLogitsVector<4, 4, kDtype>(q, k, read), scale);
   };
   if (!DecodeTileWeights(tile, rows, block, state, w, &next)) return false;
   // The weights as bf16 in the same blocks (keys past n are 0).
@@ -290,40 +266,34 @@ RPA_AVX512_BF16_TARGET bool DecodeTileImpl(const QueryRows& q_rows, const KvTile
     _mm256_store_si256(reinterpret_cast<__m256i*>(wb + 16 * b),
                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(w + 16 * b))));
   }
-  PairPvPass a = PassOver(tile, state, &lut);
+  PairPvPass a = PassOver(tile, state);
   a.w = wb;
   a.rows = rows;
   a.alpha = next.alpha;
-  PairPvRows<4, kSource, WeightLayout::kBlocked>(a);
+  PairPvRows<4, kDtype, WeightLayout::kBlocked>(a, read);
   return true;
 }
 
-// The instances for K/V of kDtype: bf16 read as is, 8-bit floats through
-// their exact table (e4m3fn at its true value), int8 through f32.
-template <DType kDtype>
-constexpr Source kSourceOf = kDtype == DType::kBF16 ? Source::kBf16
-                             : kDtype == DType::kI8 ? Source::kI8
-                                                    : Source::kFp8;
-
+// The instances for K/V of kDtype (RowReader: bf16 read as is, 8-bit floats
+// through their exact table, e4m3fn at its true value, int8 through f32).
 template <DType kDtype>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& /*scratch*/) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  LogitsImpl<kSourceOf<kDtype>>(q, tile, s, Fp8TableOf(kDtype, /*e4m3_scaled=*/false));
+  LogitsImpl<kDtype>(q, tile, s);
 }
 
 template <DType kDtype>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& /*scratch*/) {
   if (p.rows <= 0 || tile.n <= 0) return;
-  PvImpl<kSourceOf<kDtype>>(p, tile, state, Fp8TableOf(kDtype, /*e4m3_scaled=*/false));
+  PvImpl<kDtype>(p, tile, state);
 }
 
 template <DType kDtype>
 bool DecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
                 const SoftmaxState& state) {
-  return DecodeTileImpl<kSourceOf<kDtype>>(q, tile, logit_scale, state,
-                                           Fp8TableOf(kDtype, /*e4m3_scaled=*/false));
+  return DecodeTileImpl<kDtype>(q, tile, logit_scale, state);
 }
 
 template <DType kDtype>

@@ -446,6 +446,46 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i I8ToBf16(__
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
+
+// Reads a K/V row of kDtype (bf16, fp8 e4m3fn or e5m2, int8) as bf16, 32
+// elements at a time, exactly: 8-bit floats by their table (e4m3fn at its
+// true value, NaN codes stay NaN), int8 through f32. Masked loads read
+// nothing past the row (its tail reads as 0). Every bf16-pair kernel's
+// reader (avx512_bf16_rows.cc, avx512_bf16_lanes.cc, bf16_pairs.cc).
+template <DType kDtype>
+struct RowReader {
+  static_assert(kDtype == DType::kBF16 || kDtype == DType::kF8E4M3FN ||
+                kDtype == DType::kF8E5M2 || kDtype == DType::kI8);
+  Fp8Lut lut;  // 8-bit floats: the table in registers (unused otherwise).
+  int64_t head_dim;
+
+  RPA_AVX512_TARGET explicit RowReader(int64_t dim)
+      : lut(LoadLut(Fp8TableOf(kDtype, /*e4m3_scaled=*/false))), head_dim(dim) {}
+
+  // Elements [d0, d0 + 32) of the row under mask (0 outside it); kWhole:
+  // all 32 by unmasked loads (the caller knows d0 + 32 <= head_dim).
+  template <bool kWhole = false>
+  RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i Chunk(
+      const void* row, int64_t d0, __mmask32 mask) const {
+    if constexpr (kDtype == DType::kBF16) {
+      const uint16_t* p = static_cast<const uint16_t*>(row) + d0;
+      return kWhole ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask, p);
+    } else {
+      const uint8_t* p = static_cast<const uint8_t*>(row) + d0;
+      const __m256i codes = kWhole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                   : _mm256_maskz_loadu_epi8(mask, p);
+      if constexpr (kDtype == DType::kI8) return I8ToBf16(codes);
+      return Fp8ToBf16(_mm512_cvtepu8_epi16(codes), lut);
+    }
+  }
+
+  // Elements [d0, d0 + 32), 0 past head_dim (d0 < head_dim).
+  RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i operator()(
+      const void* row, int64_t d0) const {
+    return Chunk(row, d0, ChunkMask(d0, head_dim));
+  }
+};
+
 }  // namespace rpa::internal::avx512
 
 #if !defined(__clang__)

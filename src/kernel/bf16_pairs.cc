@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include "kernel/avx512_common.h"
+
 namespace rpa::internal {
 namespace {
 
@@ -55,7 +57,7 @@ __attribute__((always_inline)) inline void PrefetchPackRows(const AmxPackArgs& a
 // into 16 pair rows of 16 keys, each stored as one 64-byte vector.
 template <DType kDtype>
 RPA_AVX512_BF16_TARGET void PackKeysImpl(const AmxPackArgs& a) {
-  const RowReader<kDtype> read(a.head_dim);
+  const avx512::RowReader<kDtype> read(a.head_dim);
   const int64_t n32 = AmxRoundUp(a.n, kAmxKeyAlign);
   const int64_t dim_pad = AmxRoundUp(a.head_dim, kAmxDimAlign);
   for (int64_t i0 = 0; i0 < n32; i0 += 16) {
@@ -76,7 +78,7 @@ RPA_AVX512_BF16_TARGET void PackKeysImpl(const AmxPackArgs& a) {
 // into one pair row of d16 dims.
 template <DType kDtype>
 RPA_AVX512_BF16_TARGET void PackValuesImpl(const AmxPackArgs& a) {
-  const RowReader<kDtype> read(a.head_dim);
+  const avx512::RowReader<kDtype> read(a.head_dim);
   const int64_t n32 = AmxRoundUp(a.n, kAmxKeyAlign);
   const int64_t d16 = AmxRoundUp(a.head_dim, kAmxVDimAlign);
   alignas(64) uint16_t idx_lo[32], idx_hi[32];

@@ -11,7 +11,6 @@
 #if defined(__x86_64__)
 #include <cstdint>
 
-#include "kernel/avx512_common.h"
 #include "kernel/tile_kernel.h"
 #include "rpa/dtype.h"
 
@@ -83,32 +82,6 @@ RPA_DECLARE_TILE_PACKS(NextTilePrefetch::kNone)
 // before row r + 1's f32 begin (p.stride >= 16), and each chunk is read
 // before its bf16, at or below it, is stored. Returns the bf16 rows.
 const uint16_t* WeightsToBf16InPlace(const TileLogits& p, int64_t n);
-
-// Reads one K/V row's elements [d0, d0 + 32) as 32 bf16 (zero past
-// head_dim; masked loads read nothing past it).
-template <DType kDtype>
-struct RowReader {
-  avx512::Fp8Lut lut;  // fp8: the exact table (e4m3fn at its true value) in registers.
-  int64_t head_dim;
-
-  RPA_AVX512_BF16_TARGET explicit RowReader(int64_t dim)
-      : lut(avx512::LoadLut(avx512::Fp8TableOf(kDtype, /*e4m3_scaled=*/false))),
-        head_dim(dim) {}
-
-  RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i operator()(
-      const void* row, int64_t d0) const {
-    const __mmask32 mask = avx512::ChunkMask(d0, head_dim);  // d0 < head_dim.
-    if constexpr (kDtype == DType::kBF16) {
-      return _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d0);
-    } else if constexpr (kDtype == DType::kI8) {
-      return avx512::I8ToBf16(
-          _mm256_maskz_loadu_epi8(mask, static_cast<const int8_t*>(row) + d0));
-    } else {
-      const uint8_t* src = static_cast<const uint8_t*>(row) + d0;
-      return avx512::Fp8ToBf16(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src)), lut);
-    }
-  }
-};
 
 }  // namespace rpa::internal
 
