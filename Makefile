@@ -1,17 +1,19 @@
 # The two commands: `make demo` and `make test`. Both install what is missing
 # (scripts/setup.sh), configure and build; plain `make` only builds.
 BUILD ?= build
-ASAN_BUILD ?= build-asan
+# One clang build with ASan + UBSan holds the C++ suite and the fuzzers
+# (`make test-asan`, `make test-fuzz`, `make fuzz`): one compile of the
+# library under the sanitizers instead of two.
+SAN_BUILD ?= build-san
 ARM_BUILD ?= build-arm
 TSAN_BUILD ?= build-tsan
-FUZZ_BUILD ?= build-fuzz
 JOBS ?= $(shell nproc)
 PYTHON ?= /usr/bin/python3
 CMAKE_FLAGS ?=
 # Fuzzing (docs/robustness.md): seconds per fuzzer for `make fuzz`.
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS ?=
-FUZZ_WORK_CORPUS ?= $(FUZZ_BUILD)/corpus
+FUZZ_WORK_CORPUS ?= $(SAN_BUILD)/corpus
 # `make test` replays a fixed stretch of each fuzzer (seed 1, TEST_FUZZ_RUNS
 # inputs, capped at TEST_FUZZ_SECONDS): the same inputs on every machine, so
 # CI fails only on a bug the developer's own run would have hit too.
@@ -21,7 +23,7 @@ TEST_FUZZ_SECONDS ?= 120
 FUZZERS := ragged_attention_fuzzer paged_attention_fuzzer kv_write_fuzzer mla_fuzzer
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
 TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:WorkerIdleHooks*:Concurrency*
-# The sanitizer and fuzzer builds compile the Highway code for the baseline
+# The sanitizer builds compile the Highway code for the baseline
 # and the best target of this CPU only (the release build's tests cover every
 # target): a third fewer kernel objects to build under them, and the target
 # that dispatches here is the one they check (AVX2 on a CPU without AVX-512:
@@ -29,7 +31,7 @@ TSAN_FILTER ?= Kernel*:Plan*:ThreadPool*:WorkerIdleHooks*:Concurrency*
 # docs/robustness.md).
 SAN_BEST_X86 = $(if $(shell grep -m1 -ow avx512bw /proc/cpuinfo 2>/dev/null),AVX3,AVX2)
 SAN_HWY_TARGETS ?= $(if $(filter x86_64,$(shell uname -m)),SSE4;$(SAN_BEST_X86),NEON)
-# ASan and TSan builds at -O1 with line tables only (what a sanitizer's
+# The sanitizer builds at -O1 with line tables only (what a sanitizer's
 # report needs): they compile in half the time of -O2 -g.
 SAN_FLAGS ?= -O1 -g1 -DNDEBUG
 # `make test-package`: the pip package and the CMake package as a user gets
@@ -40,7 +42,7 @@ PKG_BUILD ?= $(BUILD)/package
 PREFIX ?=
 
 .PHONY: all setup build install demo test test-cpp test-python test-package test-asan test-tsan \
-	test-fuzz fuzz fuzz-build check-arm test-arm clean
+	test-fuzz fuzz san-build check-arm test-arm clean
 
 all: build
 
@@ -110,21 +112,25 @@ test-package: build
 	./$(PKG_BUILD)/consumer/rpa_consumer
 	./examples/consumer/build_with_pkg_config.sh $(PKG_BUILD)/prefix $(PKG_BUILD)/consumer-pkg-config
 
-# The whole C++ suite again under AddressSanitizer + UndefinedBehaviorSanitizer
-# (tests/lsan.supp: a system library's leak, not rpa's): the `rpa` command's
-# tests (ctest label cli) and rpa_tests as JOBS gtest shards, one process
-# each (a process per test, as ctest runs them, spends more time starting
-# ASan than testing).
-test-asan:
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DRPA_SANITIZE=address,undefined '-DRPA_HWY_TARGETS=$(SAN_HWY_TARGETS)' \
+# The AddressSanitizer + UndefinedBehaviorSanitizer build (clang: libFuzzer
+# is clang's): rpa_tests, the `rpa` command and the libFuzzer targets, all
+# with fuzzer coverage (-DRPA_FUZZ=ON). RPA_SANITIZE keeps oneDNN out of it.
+san-build:
+	CC=clang CXX=clang++ cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DRPA_FUZZ=ON -DRPA_SANITIZE=address,undefined '-DRPA_HWY_TARGETS=$(SAN_HWY_TARGETS)' \
 	  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(SAN_FLAGS)' '-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(SAN_FLAGS)' \
 	  -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
-	cmake --build $(ASAN_BUILD) -j $(JOBS) --target rpa_tests rpa_cli
-	cd $(ASAN_BUILD) && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target rpa_tests rpa_cli $(FUZZERS)
+
+# The whole C++ suite again under ASan + UBSan (tests/lsan.supp: a system
+# library's leak, not rpa's): the `rpa` command's tests (ctest label cli)
+# and rpa_tests as JOBS gtest shards, one process each (a process per test,
+# as ctest runs them, spends more time starting ASan than testing).
+test-asan: san-build
+	cd $(SAN_BUILD) && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  ctest --output-on-failure -j $(JOBS) -L cli
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
-	  ./scripts/run_gtest_shards.sh $(ASAN_BUILD)/tests/rpa_tests $(JOBS)
+	  ./scripts/run_gtest_shards.sh $(SAN_BUILD)/tests/rpa_tests $(JOBS)
 
 # The threaded kernel and the concurrency tests under ThreadSanitizer.
 test-tsan:
@@ -148,35 +154,29 @@ check-arm: build
 test-arm:
 	./scripts/test_arm.sh $(ARM_BUILD) $(JOBS)
 
-# libFuzzer targets with ASan+UBSan (clang): each runs FUZZ_SECONDS from its
-# seed corpus (fuzz/corpus/<fuzzer>) and stops make on any finding.
-fuzz-build:
-	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DRPA_FUZZ=ON -DRPA_BUILD_TESTS=OFF '-DRPA_HWY_TARGETS=$(SAN_HWY_TARGETS)' \
-	  -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS)
-	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZERS)
-
-fuzz: setup fuzz-build
+# The libFuzzer targets (the sanitizer build's): each runs FUZZ_SECONDS from
+# its seed corpus (fuzz/corpus/<fuzzer>) and stops make on any finding.
+fuzz: setup san-build
 	@$(MAKE) --no-print-directory -O -j $(JOBS) $(addprefix fuzz-run-,$(FUZZERS))
 
 # One fuzzer; `fuzz` runs JOBS of them side by side.
 fuzz-run-%:
-	@mkdir -p $(FUZZ_WORK_CORPUS)/$* $(FUZZ_BUILD)/findings
+	@mkdir -p $(FUZZ_WORK_CORPUS)/$* $(SAN_BUILD)/findings
 	@echo "fuzz: $* for $(FUZZ_SECONDS) s"
-	@./$(FUZZ_BUILD)/fuzz/$* -max_total_time=$(FUZZ_SECONDS) \
+	@./$(SAN_BUILD)/fuzz/$* -max_total_time=$(FUZZ_SECONDS) \
 	    $(FUZZ_FLAGS) -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
-	    -artifact_prefix=$(FUZZ_BUILD)/findings/$*- \
-	    $(FUZZ_WORK_CORPUS)/$* fuzz/corpus/$* > $(FUZZ_BUILD)/findings/$*.log 2>&1 \
-	  || { grep -v '^#[0-9]' $(FUZZ_BUILD)/findings/$*.log | tail -n 60; \
-	       echo "fuzz: $* found a bug; input in $(FUZZ_BUILD)/findings"; exit 1; }
-	@grep '^stat::\|^Done\|cov:' $(FUZZ_BUILD)/findings/$*.log | tail -n 4
+	    -artifact_prefix=$(SAN_BUILD)/findings/$*- \
+	    $(FUZZ_WORK_CORPUS)/$* fuzz/corpus/$* > $(SAN_BUILD)/findings/$*.log 2>&1 \
+	  || { grep -v '^#[0-9]' $(SAN_BUILD)/findings/$*.log | tail -n 60; \
+	       echo "fuzz: $* found a bug; input in $(SAN_BUILD)/findings"; exit 1; }
+	@grep '^stat::\|^Done\|cov:' $(SAN_BUILD)/findings/$*.log | tail -n 4
 
 # A bounded, reproducible run of every fuzzer, part of `make test`.
 # It starts from the committed corpus alone, never from what earlier runs grew.
 test-fuzz:
-	rm -rf $(FUZZ_BUILD)/test-corpus
-	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) FUZZ_WORK_CORPUS=$(FUZZ_BUILD)/test-corpus \
+	rm -rf $(SAN_BUILD)/test-corpus
+	$(MAKE) fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) FUZZ_WORK_CORPUS=$(SAN_BUILD)/test-corpus \
 	  FUZZ_FLAGS="-seed=1 -runs=$(TEST_FUZZ_RUNS)"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(ARM_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(TSAN_BUILD) $(ARM_BUILD)

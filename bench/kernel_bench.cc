@@ -245,6 +245,7 @@ BENCHMARK(BM_Decode)
     ->Args({2, 4})
     ->Args({1, 8})
     ->Args({1, 16})
+    ->Args({1, 24})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -405,6 +406,7 @@ BENCHMARK(BM_DecodeHot)
     ->Args({1, 8})
     ->Args({1, 7})
     ->Args({1, 16})
+    ->Args({1, 24})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

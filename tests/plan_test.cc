@@ -454,7 +454,7 @@ TEST_F(PlanErrorTest, PlanOptionsWithRunExtras) {
   AttentionOptions with_sinks, with_lse;
   with_sinks.sinks = TensorView(f_.sinks.data(), DType::kF32, {4});
   with_lse.lse = MutableTensorView(lse.data(), DType::kF32, {6, 4});
-  for (const auto& [options, expected] :
+  for (const auto& [run_options, expected] :
        {std::pair{with_sinks,
                   "options.sinks belongs to each run, not to the plan. Pass sinks to "
                   "AttentionPlan::Run in RunExtras::sinks (each layer has its own)."},
@@ -462,7 +462,10 @@ TEST_F(PlanErrorTest, PlanOptionsWithRunExtras) {
                   "options.lse belongs to each run, not to the plan. Pass lse to "
                   "AttentionPlan::Run in RunExtras::lse (each layer writes its own)."}}) {
     ExpectRejected(
-        [&](const MutableTensorView&) { plan_.Plan(f_.Shape({}), TableOf(f_.batch), options); },
+        // A copy: clang 14 cannot capture a structured binding.
+        [&, options = run_options](const MutableTensorView&) {
+          plan_.Plan(f_.Shape({}), TableOf(f_.batch), options);
+        },
         ErrorKind::kOption, expected);
   }
 }
