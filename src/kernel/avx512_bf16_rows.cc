@@ -98,20 +98,9 @@ enum class WeightLayout : uint8_t {
   kBlocked,  // The fused tile's: blocks of 4 keys x 4 rows, element r * 4 + t % 4 of block t / 4.
 };
 
-// One PV pass: accumulator rows (kPairInterleaved) += sum_t p[r][t] v_t.
-struct PairPvPass {
-  const uint16_t* w = nullptr;  // bf16 weights (WeightLayout); key n's, if n is odd, 0.
-  int64_t w_stride = 0;         // kRows: elements between rows.
-  int64_t rows = 0;             // Valid rows (of the block's kRows).
-  KvRows v;                     // [n] V rows.
-  int64_t n = 0;
-  int64_t head_dim = 0;
-  float* acc = nullptr;         // [rows, acc_stride]
-  int64_t acc_stride = 0;
-  const float* alpha = nullptr;      // [rows] scales each acc row first; null: none.
-  const KvRows* prefetch = nullptr;  // The next tile's V rows; null: none.
-  int64_t prefetch_bytes = 0;
-};
+// A PV pass (accumulators kPairInterleaved) on bf16 weights (WeightLayout;
+// key n's, if n is odd, 0).
+using PairPvPass = PvPass<uint16_t>;
 
 template <WeightLayout kLayout>
 __attribute__((always_inline)) inline const uint16_t* WeightPair(const PairPvPass& a, int64_t r,
@@ -186,43 +175,12 @@ RPA_AVX512_BF16_TARGET void PairPvBlock(const PairPvPass& a, const RowReader<kDt
   }
 }
 
-// One row block's PV over the whole head: chunk pairs, then a last single
-// chunk where the chunk count is odd. The first pass issues the prefetches.
+// One row block's PV over the whole head (ForEachPvChunks).
 template <int kRows, DType kDtype, WeightLayout kLayout>
 RPA_AVX512_BF16_TARGET void PairPvRows(const PairPvPass& a, const RowReader<kDtype>& read) {
-  int64_t d = 0;
-  for (; d + 32 < a.head_dim; d += 64) PairPvBlock<kRows, 2, kDtype, kLayout>(a, read, d, d == 0);
-  if (d < a.head_dim) PairPvBlock<kRows, 1, kDtype, kLayout>(a, read, d, d == 0);
-}
-
-// PV of every row in blocks of 4, 2 and 1 rows; the first block prefetches.
-template <DType kDtype>
-RPA_AVX512_BF16_TARGET void PairPvAllRows(const PairPvPass& a, int64_t rows,
-                                          const RowReader<kDtype>& read) {
-  const KvRows* pf = a.prefetch;
-  if (pf != nullptr && pf->count > a.n) PrefetchRows(*pf, a.n, pf->count, a.prefetch_bytes);
-  ForEachPvRowBlock(rows, [&]<int kRows>(int64_t r, bool first) RPA_AVX512_BF16_TARGET {
-    PairPvPass block = a;
-    block.w = a.w + r * a.w_stride;
-    block.acc = a.acc + r * a.acc_stride;
-    block.rows = kRows;
-    block.prefetch = first ? pf : nullptr;
-    PairPvRows<kRows, kDtype, WeightLayout::kRows>(block, read);
+  ForEachPvChunks(a.head_dim, [&]<int kChunks>(int64_t d0, bool first) RPA_AVX512_BF16_TARGET {
+    PairPvBlock<kRows, kChunks, kDtype, kLayout>(a, read, d0, first);
   });
-}
-
-// A pass over the tile's V rows into the state's accumulators, prefetching
-// the next tile's; the weights, rows and alpha are the caller's.
-PairPvPass PassOver(const KvTile& tile, const SoftmaxState& state) {
-  PairPvPass a;
-  a.v = tile.v;
-  a.n = tile.n;
-  a.head_dim = tile.head_dim;
-  a.acc = state.acc;
-  a.acc_stride = state.stride;
-  a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
-  a.prefetch_bytes = tile.row_bytes;
-  return a;
 }
 
 template <DType kDtype>
@@ -239,10 +197,13 @@ template <DType kDtype>
 RPA_AVX512_BF16_TARGET void PvImpl(const TileLogits& p, const KvTile& tile,
                                    const SoftmaxState& state) {
   RowWeightsToBf16(p, tile.n);
-  PairPvPass a = PassOver(tile, state);
+  PairPvPass a = PvPassOver<uint16_t>(tile, state);
   a.w = reinterpret_cast<const uint16_t*>(p.s);
   a.w_stride = 2 * p.stride;
-  PairPvAllRows<kDtype>(a, p.rows, RowReader<kDtype>(tile.head_dim));
+  const RowReader<kDtype> read(tile.head_dim);
+  PvAllRows(a, p.rows, [&]<int kRows>(const PairPvPass& block) RPA_AVX512_BF16_TARGET {
+    PairPvRows<kRows, kDtype, WeightLayout::kRows>(block, read);
+  });
 }
 
 template <DType kDtype>
@@ -266,7 +227,7 @@ RPA_AVX512_BF16_TARGET bool DecodeTileImpl(const QueryRows& q_rows, const KvTile
     _mm256_store_si256(reinterpret_cast<__m256i*>(wb + 16 * b),
                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(w + 16 * b))));
   }
-  PairPvPass a = PassOver(tile, state);
+  PairPvPass a = PvPassOver<uint16_t>(tile, state);
   a.w = wb;
   a.rows = rows;
   a.alpha = next.alpha;

@@ -350,6 +350,68 @@ __attribute__((always_inline)) inline void ForEachPvRowBlock(int64_t rows, const
   if (rows - r == 1) pass.template operator()<1>(r, r == 0);
 }
 
+// One PV pass of the row-major kernels (avx512_wide.cc: f32 weights,
+// avx512_bf16_rows.cc: bf16 ones) over a tile's V rows: accumulator rows
+// (in the kernel's AccOrder) += sum_t p[r][t] v_t.
+template <class Weight>
+struct PvPass {
+  const Weight* w = nullptr;  // Row r's weights at w + r * w_stride (or the fused tile's blocks).
+  int64_t w_stride = 0;       // Elements between rows.
+  int64_t rows = 0;           // Valid rows (of the block's kRows).
+  KvRows v;                   // [n] V rows.
+  int64_t n = 0;
+  int64_t head_dim = 0;
+  float* acc = nullptr;  // [rows, acc_stride]
+  int64_t acc_stride = 0;
+  const float* alpha = nullptr;      // [rows] scales each acc row first; null: none.
+  const KvRows* prefetch = nullptr;  // The next tile's V rows; null: none.
+  int64_t prefetch_bytes = 0;
+};
+
+// A pass over the tile's V rows into the state's accumulators, prefetching
+// the next tile's; the weights, rows and alpha are the caller's.
+template <class Weight>
+PvPass<Weight> PvPassOver(const KvTile& tile, const SoftmaxState& state) {
+  PvPass<Weight> a;
+  a.v = tile.v;
+  a.n = tile.n;
+  a.head_dim = tile.head_dim;
+  a.acc = state.acc;
+  a.acc_stride = state.stride;
+  a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
+  a.prefetch_bytes = tile.row_bytes;
+  return a;
+}
+
+// One row block's PV over the whole head: block.template
+// operator()<kChunks>(d0, first) on pairs of 32-dim chunks, then on a last
+// single chunk where the chunk count is odd; the first pass (d0 = 0)
+// issues the prefetches.
+template <class Block>
+__attribute__((always_inline)) inline void ForEachPvChunks(int64_t head_dim, const Block& block) {
+  int64_t d = 0;
+  for (; d + 32 < head_dim; d += 64) block.template operator()<2>(d, d == 0);
+  if (d < head_dim) block.template operator()<1>(d, d == 0);
+}
+
+// PV of a's rows in blocks of 4, 2 and 1 rows: run.template
+// operator()<kRows>(block) runs each block's pass; the first block
+// prefetches the next tile's V rows (those past this tile's n first).
+template <class Weight, class Run>
+__attribute__((always_inline)) inline void PvAllRows(const PvPass<Weight>& a, int64_t rows,
+                                                     const Run& run) {
+  const KvRows* pf = a.prefetch;
+  if (pf != nullptr && pf->count > a.n) PrefetchRows(*pf, a.n, pf->count, a.prefetch_bytes);
+  ForEachPvRowBlock(rows, [&]<int kRows>(int64_t r, bool first) {
+    PvPass<Weight> block = a;
+    block.w = a.w + r * a.w_stride;
+    block.acc = a.acc + r * a.acc_stride;
+    block.rows = kRows;
+    block.prefetch = first ? pf : nullptr;
+    run.template operator()<kRows>(block);
+  });
+}
+
 // A fused decode tile's first half: the scaled logits of 4 rows x the
 // tile's keys (block(k): keys k[0..3], lane r * 4 + t) into w, then the
 // online-softmax update (DecodeTileSoftmax); commits m and l and returns

@@ -141,32 +141,20 @@ void WideLogitsRows(const QueryRows& q, const KvRows& k, const KvTile& tile, con
   });
 }
 
-// One PV pass: acc rows (even/odd order) += sum_t p[r][t] * v_t.
-struct PvPass {
-  const float* p = nullptr;  // p[r][t] at p[r * p_stride + t], or kBlocked (below).
-  int64_t p_stride = 0;
-  int64_t rows = 0;           // Valid rows (of the block's kRows).
-  KvRows v;                   // [n] V rows.
-  int64_t n = 0;
-  int64_t head_dim = 0;
-  float* acc = nullptr;       // [rows, acc_stride]
-  int64_t acc_stride = 0;
-  const float* alpha = nullptr;  // [rows] scales each acc row first; null: none.
-  const KvRows* prefetch = nullptr;  // The next tile's rows; null: none.
-  int64_t prefetch_bytes = 0;
-  const Fp8Table* table = nullptr;
-};
+// A PV pass (accumulators in even/odd order) on f32 weights.
+using WidePvPass = PvPass<float>;
 
 // A pass over kRows rows and the kChunks 32-dim chunks from d0: 2 chunks
 // give 4 * kRows independent accumulator chains per key, enough to hide the
 // FMA latency at 4 rows. With kBlocked (4 rows) p[r][t] is lane r * 4 + t % 4
 // of block t / 4 (16 floats each), the fused decode tile's order.
 template <int kRows, int kChunks, Code kCode, bool kBlocked>
-RPA_AVX512_TARGET void WidePvBlock(const PvPass& a, int64_t d0, bool prefetch) {
+RPA_AVX512_TARGET void WidePvBlock(const WidePvPass& a, const Fp8Table* table, int64_t d0,
+                                   bool prefetch) {
   static_assert(!kBlocked || kRows == 4);
-  const Fp8Lut lut = LoadLut(kCode == Code::kFp8 ? a.table : nullptr);
-  const float* p = a.p;
-  const int64_t p_stride = a.p_stride, valid_rows = a.rows, tokens = a.n;
+  const Fp8Lut lut = LoadLut(kCode == Code::kFp8 ? table : nullptr);
+  const float* p = a.w;
+  const int64_t p_stride = a.w_stride, valid_rows = a.rows, tokens = a.n;
   const int64_t acc_stride = a.acc_stride, head_dim = a.head_dim;
   float* acc = a.acc;
   const KvRows v_rows = a.v;
@@ -217,41 +205,20 @@ RPA_AVX512_TARGET void WidePvBlock(const PvPass& a, int64_t d0, bool prefetch) {
   }
 }
 
-// A pass over the tile's V rows into the state's accumulators, prefetching
-// the next tile's; the weights, rows, alpha and table are the caller's.
-PvPass PassOver(const KvTile& tile, const SoftmaxState& state) {
-  PvPass a;
-  a.v = tile.v;
-  a.n = tile.n;
-  a.head_dim = tile.head_dim;
-  a.acc = state.acc;
-  a.acc_stride = state.stride;
-  a.prefetch = tile.v_next.count > 0 ? &tile.v_next : nullptr;
-  a.prefetch_bytes = tile.row_bytes;
-  return a;
-}
-
-// One row block's PV over the whole head: chunk pairs, then a last single
-// chunk where the chunk count is odd. The first pass issues the prefetches.
+// One row block's PV over the whole head (ForEachPvChunks); table: 8-bit
+// K/V's (kFp8), else unused.
 template <int kRows, Code kCode, bool kBlocked = false>
-void WidePvRows(const PvPass& a) {
-  int64_t d = 0;
-  for (; d + 32 < a.head_dim; d += 64) WidePvBlock<kRows, 2, kCode, kBlocked>(a, d, d == 0);
-  if (d < a.head_dim) WidePvBlock<kRows, 1, kCode, kBlocked>(a, d, d == 0);
+void WidePvRows(const WidePvPass& a, const Fp8Table* table) {
+  ForEachPvChunks(a.head_dim, [&]<int kChunks>(int64_t d0, bool first) {
+    WidePvBlock<kRows, kChunks, kCode, kBlocked>(a, table, d0, first);
+  });
 }
 
-// PV of every row in blocks of 4, 2 and 1 rows; the first block prefetches.
+// PV of every row (PvAllRows).
 template <Code kCode>
-void WidePvAllRows(const PvPass& a, int64_t rows) {
-  const KvRows* pf = a.prefetch;
-  if (pf != nullptr && pf->count > a.n) PrefetchRows(*pf, a.n, pf->count, a.prefetch_bytes);
-  ForEachPvRowBlock(rows, [&]<int kRows>(int64_t r, bool first) {
-    PvPass block = a;
-    block.p = a.p + r * a.p_stride;
-    block.acc = a.acc + r * a.acc_stride;
-    block.rows = kRows;
-    block.prefetch = first ? pf : nullptr;
-    WidePvRows<kRows, kCode>(block);
+void WidePvAllRows(const WidePvPass& a, int64_t rows, const Fp8Table* table) {
+  PvAllRows(a, rows, [&]<int kRows>(const WidePvPass& block) {
+    WidePvRows<kRows, kCode>(block, table);
   });
 }
 
@@ -285,19 +252,18 @@ template <DType kDtype, Fp8Source kFp8 = Fp8Source::kInLoops>
 void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
         const TileScratch& scratch) {
   if (tile.n <= 0) return;
-  PvPass a = PassOver(tile, state);
-  a.p = p.s;
-  a.p_stride = p.stride;
+  WidePvPass a = PvPassOver<float>(tile, state);
+  a.w = p.s;
+  a.w_stride = p.stride;
   if constexpr (kCodeOf<kDtype> != Code::kFp8) {
-    WidePvAllRows<kCodeOf<kDtype>>(a, p.rows);
+    WidePvAllRows<kCodeOf<kDtype>>(a, p.rows, nullptr);
   } else if constexpr (kFp8 == Fp8Source::kInLoops) {
-    a.table = Fp8TableOf(kDtype, /*e4m3_scaled=*/true);
-    WidePvAllRows<Code::kFp8>(a, p.rows);
+    WidePvAllRows<Code::kFp8>(a, p.rows, Fp8TableOf(kDtype, /*e4m3_scaled=*/true));
   } else {
     Fp8RowsToBf16Impl(*Fp8TableOf(kDtype, /*e4m3_scaled=*/true), tile.v, tile.n, tile.head_dim,
                       scratch);
     a.v = KvRows{scratch.converted, 0, tile.n};
-    WidePvAllRows<Code::kBf16>(a, p.rows);
+    WidePvAllRows<Code::kBf16>(a, p.rows, nullptr);
   }
 }
 
@@ -317,12 +283,11 @@ RPA_AVX512_TARGET bool WideDecodeTileImpl(const QueryRows& q_rows, const KvTile&
     return _mm512_mul_ps(WideLogitsVector<4, 4, kCode>(q, k, tile.head_dim, lut), scale);
   };
   if (!DecodeTileWeights(tile, rows, block, state, w, &next)) return false;
-  PvPass a = PassOver(tile, state);
-  a.p = w;
+  WidePvPass a = PvPassOver<float>(tile, state);
+  a.w = w;
   a.rows = rows;
   a.alpha = next.alpha;
-  a.table = table;
-  WidePvRows<4, kCode, true>(a);
+  WidePvRows<4, kCode, true>(a, table);
   return true;
 }
 
