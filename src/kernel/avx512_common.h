@@ -3,9 +3,10 @@
 // transpose-and-add reduction of 16 accumulators into one vector of logits,
 // the 16 x 16 dword transpose, the bf16 weight rows, the fused tiles' exp,
 // row reductions, logits walk and online-softmax update, the 8-bit
-// conversions. x86-64 only; every function is compiled for the
-// instructions it uses (never -march=native for a file) and called only
-// where CpuFeatures says so.
+// conversions and the reader of a K/V row as bf16 (RowReader), the
+// row-major PV pass (PvPass) and its row and chunk walks. x86-64 only;
+// every function is compiled for the instructions it uses (never
+// -march=native for a file) and called only where CpuFeatures says so.
 #ifndef RPA_SRC_KERNEL_AVX512_COMMON_H_
 #define RPA_SRC_KERNEL_AVX512_COMMON_H_
 
