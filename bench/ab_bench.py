@@ -9,7 +9,7 @@ does this by hand in every session). This script does the bookkeeping:
   /usr/bin/python3 bench/ab_bench.py e53ae61 --rounds 3 -- --quick --only decode verify
 
 builds the baseline's `rpa` in a git worktree (kept under --work, reused on
-the next run), builds this tree's `rpa` (build/, Release), then runs
+the next run; `git worktree remove --force` it when done), builds this tree's `rpa` (build/, Release), then runs
 `rpa bench --json ARGS` for base, new, base, new, ... and prints, per
 workload and thread count, each side's minimum and median ms, the ratio of
 the medians (new / base: below 1 is faster) and the median fraction of the
@@ -49,7 +49,7 @@ def baseline_rpa(rev, work):
     if not os.path.isdir(tree):
         run(["git", "-C", REPO, "worktree", "add", "--detach", "-f", tree, sha],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return sha, build_rpa(tree, os.path.join(tree, "build"))
+    return sha, tree, build_rpa(tree, os.path.join(tree, "build"))
 
 
 def bench(binary, args):
@@ -87,7 +87,7 @@ def main():
     a = parser.parse_args(argv[:split])
     a.bench_args = argv[split + 1:]  # After --: arguments for `rpa bench`.
 
-    sha, base = baseline_rpa(a.base, a.work)
+    sha, tree, base = baseline_rpa(a.base, a.work)
     new = build_rpa(REPO, a.build)
     results = {"base": [], "new": []}
     for i in range(a.rounds):
@@ -122,6 +122,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"base": sha, **results}, f, indent=1)
+    print(f"(the baseline's worktree stays for the next run: `git worktree remove --force {tree}`)")
 
 
 if __name__ == "__main__":
