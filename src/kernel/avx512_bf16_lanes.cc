@@ -241,13 +241,13 @@ RPA_AVX512_BF16_TARGET void LanePvBlock(const LanePvPass& a, int64_t d0) {
   }
 }
 
-// A row block's passes over the whole head: 64 dims each, a last 32-dim one
-// where the chunk count is odd.
+// A row block's passes over the whole head (ForEachPvChunks: 64 dims each,
+// a last 32-dim one where the chunk count is odd).
 template <int kRows, bool kFromRows, DType kDtype>
 RPA_AVX512_BF16_TARGET void LanePvRows(const LanePvPass& a) {
-  int64_t d = 0;
-  for (; d + 32 < a.dim_pad; d += 64) LanePvBlock<kRows, 2, kFromRows, kDtype>(a, d);
-  if (d < a.dim_pad) LanePvBlock<kRows, 1, kFromRows, kDtype>(a, d);
+  ForEachPvChunks(a.dim_pad, [&]<int kChunks>(int64_t d0, bool /*first*/) RPA_AVX512_BF16_TARGET {
+    LanePvBlock<kRows, kChunks, kFromRows, kDtype>(a, d0);
+  });
 }
 
 // PV of `rows` rows in blocks of 4, 2 and 1 rows; the first block reads the

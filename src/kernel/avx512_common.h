@@ -509,7 +509,6 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline __m512i I8ToBf16(__
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-
 // Reads a K/V row of kDtype (bf16, fp8 e4m3fn or e5m2, int8) as bf16, 32
 // elements at a time, exactly: 8-bit floats by their table (e4m3fn at its
 // true value, NaN codes stay NaN), int8 through f32. Masked loads read
