@@ -116,9 +116,12 @@ BENCHMARK(BM_PairPv)
 #endif
 
 // One fused decode tile of decode's shape, as the task loop calls it: 4
-// rows (q heads per kv head) x 32 keys, head_dim 128, bf16 K/V rows 4 KiB
-// apart as in a cache page (L1-resident: the arithmetic alone). Per key
-// and kv head; the bf16-pair tile (vdpbf16ps) against the widening one.
+// rows (q heads per kv head) x 32 keys, head_dim 128, bf16 K/V rows
+// range(0) elements apart: 2048 (4 KiB, as in a cache page of 8 kv heads:
+// every row in the same 4 L1 sets, so the rows come from L2, as in a
+// decode step) or 2080 (64 B more: spread over the sets, L1-resident: the
+// arithmetic alone). Per key and kv head; the bf16-pair tile (vdpbf16ps)
+// against the widening one.
 void FusedDecodeTile(benchmark::State& state, const internal::FusedTileKernel& kernel,
                      bool needs_bf16) {
 #if defined(__x86_64__)
@@ -127,7 +130,8 @@ void FusedDecodeTile(benchmark::State& state, const internal::FusedTileKernel& k
     state.SkipWithError("CPU lacks the kernel's instructions");
     return;
   }
-  const int64_t rows = 4, tokens = internal::kFusedMaxKeys, dim = 128, row_stride = 2048;
+  const int64_t rows = 4, tokens = internal::kFusedMaxKeys, dim = 128,
+                row_stride = state.range(0);
   const std::vector<uint16_t> kv = RandomBf16(tokens * row_stride, 3);
   std::vector<const uint8_t*> kv_rows(tokens);
   for (int64_t t = 0; t < tokens; ++t) {
@@ -169,8 +173,8 @@ void BM_FusedTileWide(benchmark::State& state) {
 void BM_FusedTileBf16Pairs(benchmark::State& state) {
   FusedDecodeTile(state, *internal::Avx512Bf16Decode(DType::kBF16), true);
 }
-BENCHMARK(BM_FusedTileWide);
-BENCHMARK(BM_FusedTileBf16Pairs);
+BENCHMARK(BM_FusedTileWide)->Arg(2048)->Arg(2080);
+BENCHMARK(BM_FusedTileBf16Pairs)->Arg(2048)->Arg(2080);
 #endif
 
 // Decode's batch: 16 sequences x 1 query, kv 1024, 32/8 heads, head_dim
