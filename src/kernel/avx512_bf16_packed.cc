@@ -54,6 +54,7 @@ struct LogitsBlockArgs {
 template <int kRows>
 RPA_AVX512_BF16_TARGET void LogitsBlock(const LogitsBlockArgs& a, int64_t j0) {
   __m512 acc0[kRows], acc1[kRows];
+#pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const uint16_t* k = a.kp + 2 * j0;
   for (int64_t p = 0; p < a.pairs; ++p) {
@@ -66,10 +67,12 @@ RPA_AVX512_BF16_TARGET void LogitsBlock(const LogitsBlockArgs& a, int64_t j0) {
       acc1[r] = DotBf16(acc1[r], qp, k1);
     }
   }
+  const __mmask16 low = Lanes16(a.keys), high = Lanes16(a.keys - 16);
+#pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     float* row = a.s + r * a.s_stride;
-    _mm512_mask_storeu_ps(row, Lanes16(a.keys), acc0[r]);
-    if (a.keys > 16) _mm512_mask_storeu_ps(row + 16, Lanes16(a.keys - 16), acc1[r]);
+    _mm512_mask_storeu_ps(row, low, acc0[r]);
+    _mm512_mask_storeu_ps(row + 16, high, acc1[r]);
   }
 }
 
@@ -129,6 +132,7 @@ template <int kRows>
 RPA_AVX512_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
   const bool two = d0 + 16 < a.d16;
   __m512 acc0[kRows], acc1[kRows];
+#pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     acc0[r] = _mm512_loadu_ps(a.acc + r * a.acc_stride + d0);
     acc1[r] = two ? _mm512_loadu_ps(a.acc + r * a.acc_stride + d0 + 16) : _mm512_setzero_ps();
@@ -144,6 +148,7 @@ RPA_AVX512_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
       acc1[r] = DotBf16(acc1[r], w, v1);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     _mm512_storeu_ps(a.acc + r * a.acc_stride + d0, acc0[r]);
     if (two) _mm512_storeu_ps(a.acc + r * a.acc_stride + d0 + 16, acc1[r]);
