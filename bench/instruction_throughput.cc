@@ -5,7 +5,8 @@
 // reports ns per instruction over 12 independent chains (enough to cover
 // each one's latency), so ratios between rows say which port a tile's mix
 // saturates first. Without cycle counters on these VMs, divide by the
-// vdpbf16ps row (2 a cycle on Zen 4 and 5) to read cycles.
+// vdpbf16ps row to read cycles: 2 a cycle on Zen 5 (0.14 ns at ~3.6 GHz),
+// 1 on Zen 4, whose 512-bit operations are double-pumped.
 #if defined(__x86_64__)
 // First: it includes immintrin.h with GCC 12's false -Wuninitialized in its
 // intrinsics silenced (avx512_common.h says why).
@@ -21,6 +22,7 @@
 namespace rpa {
 namespace {
 
+#if defined(__x86_64__)
 enum class Op : int {
   kDpbf16ps,
   kFmaddPs,
@@ -35,7 +37,6 @@ enum class Op : int {
   kUnpackLoWd,    // vpunpcklwd: V rows into key pairs.
 };
 
-#if defined(__x86_64__)
 constexpr int kChains = 12;
 
 // kChains chains of `op`, `steps` deep; returns a sum so nothing is dropped
