@@ -2,9 +2,9 @@
 // the instructions the bf16-pair and widening tiles are made of: the
 // products (vdpbf16ps, vfmadd), the reduction tree's shuffles and adds, the
 // PV pass's unpacks, the softmax's blends and maxima. `BM_Throughput/<op>`
-// reports ns per instruction over 12 independent chains (enough to cover
-// each one's latency), so ratios between rows say which port a tile's mix
-// saturates first. Without cycle counters on these VMs, divide by the
+// reports ns per instruction over 16 independent chains (more than any of
+// them needs to cover its latency: vdpbf16ps's ~6 cycles at 2 a cycle takes
+// 12), so ratios between rows say which port a tile's mix saturates first. Without cycle counters on these VMs, divide by the
 // vdpbf16ps row to read cycles: 2 a cycle on Zen 5 (0.14 ns at ~3.6 GHz),
 // 1 on Zen 4, whose 512-bit operations are double-pumped.
 #if defined(__x86_64__)
@@ -37,7 +37,7 @@ enum class Op : int {
   kUnpackLoWd,    // vpunpcklwd: V rows into key pairs.
 };
 
-constexpr int kChains = 12;
+constexpr int kChains = 16;
 
 // kChains chains of `op`, `steps` deep; returns a sum so nothing is dropped
 // (noipa: not found pure and hoisted out of the timing loop).
@@ -49,7 +49,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), noipa)) float Cha
   const __m512 k = _mm512_set1_ps(1.0f);
   const __m512i ki = _mm512_set1_epi32(0x3F803F80);  // A pair of bf16 1.0.
   for (int64_t s = 0; s < steps; ++s) {
-#pragma GCC unroll 12
+#pragma GCC unroll 16
     for (int i = 0; i < kChains; ++i) {
       if constexpr (kOp == Op::kDpbf16ps) {
         a[i] = _mm512_dpbf16_ps(a[i], reinterpret_cast<__m512bh>(ki),
