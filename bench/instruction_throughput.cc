@@ -4,9 +4,10 @@
 // PV pass's unpacks, the softmax's blends and maxima. `BM_Throughput/<op>`
 // reports ns per instruction over 16 independent chains (more than any of
 // them needs to cover its latency: vdpbf16ps's ~6 cycles at 2 a cycle takes
-// 12), so ratios between rows say which port a tile's mix saturates first. Without cycle counters on these VMs, divide by the
-// vdpbf16ps row to read cycles: 2 a cycle on Zen 5 (0.14 ns at ~3.6 GHz),
-// 1 on Zen 4, whose 512-bit operations are double-pumped.
+// 12), so ratios between rows say which port a tile's mix saturates first.
+// Without cycle counters on these VMs, divide by the vdpbf16ps row to read
+// cycles: 2 a cycle on Zen 5 (0.14 ns at ~3.6 GHz), 1 on Zen 4, whose
+// 512-bit operations are double-pumped.
 #if defined(__x86_64__)
 // First: it includes immintrin.h with GCC 12's false -Wuninitialized in its
 // intrinsics silenced (avx512_common.h says why).
