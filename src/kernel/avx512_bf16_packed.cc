@@ -27,6 +27,8 @@
 #include "kernel/avx512_bf16_packed.h"
 
 #if defined(__x86_64__)
+#include <algorithm>
+
 #include "kernel/avx512_common.h"
 #include "kernel/bf16_pairs.h"
 
@@ -109,9 +111,10 @@ RPA_AVX512_BF16_TARGET void Logits(const QueryRows& q, const KvTile& tile, const
                       nullptr,
                       s.stride,
                       0};
-    for (int64_t j0 = 0; j0 < tile.n; j0 += 32) {
+    const int64_t keys = KeysNeeded(s, r, kRows, tile.n);
+    for (int64_t j0 = 0; j0 < keys; j0 += 32) {
       a.s = s.s + r * s.stride + j0;
-      a.keys = tile.n - j0 < 32 ? tile.n - j0 : 32;
+      a.keys = std::min<int64_t>(tile.n - j0, 32);
       LogitsBlock<kRows>(a, j0);
     }
   });
@@ -123,7 +126,7 @@ struct PvBlockArgs {
   int64_t pb_stride;   // n32.
   const uint16_t* vp;  // Packed V.
   int64_t d16;         // Its dims per key pair.
-  int64_t key_pairs;   // n32 / 2.
+  int64_t key_pairs;   // Up to n32 / 2: the pairs the rows need.
   float* acc;          // Row r0.
   int64_t acc_stride;
 };
@@ -164,7 +167,8 @@ RPA_AVX512_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const So
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   const int64_t d16 = AmxRoundUp(tile.head_dim, kAmxVDimAlign);
   ForEachRowBlock(p.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
-    const PvBlockArgs a{weights + r * n32, n32, vp, d16, n32 / 2,
+    const int64_t key_pairs = (KeysNeeded(p, r, kRows, tile.n) + 1) / 2;
+    const PvBlockArgs a{weights + r * n32, n32, vp, d16, key_pairs,
                         state.acc + r * state.stride, state.stride};
     for (int64_t d0 = 0; d0 < d16; d0 += 32) PvBlock<kRows>(a, d0);
   });

@@ -151,7 +151,8 @@ HWY_NOINLINE void PackValues(const KvRows& v_rows, int64_t n, int64_t head_dim,
   }
 }
 
-// s[r][j] = q_r . k_j for every row and key, K packed transposed at kt.
+// s[r][j] = q_r . k_j for every row and the keys it needs, K packed
+// transposed at kt.
 HWY_NOINLINE void PackedLogits(const QueryRows& q, const float* kt, int64_t kt_stride,
                                const KvTile& tile, const TileLogits& s) {
   const int64_t step = 2 * static_cast<int64_t>(hn::Lanes(DF()));
@@ -159,20 +160,24 @@ HWY_NOINLINE void PackedLogits(const QueryRows& q, const float* kt, int64_t kt_s
                        tile.head_dim, s.s, s.stride, /*accumulate=*/false};
   const int64_t n = tile.n;
   ForEachRowBlock<kPackedRows>(q.rows, [&]<int kRows>(int64_t r) HWY_ATTR {
-    for (int64_t j = 0; j < n; j += step) {
+    const int64_t keys = KeysNeeded(s, r, kRows, n);
+    for (int64_t j = 0; j < keys; j += step) {
       OuterProductBlock<kRows, 2>(g, {r, j, std::min(step, n - j)});
     }
   });
 }
 
-// acc_r += sum_i p[r][i] * v_i for every row, V packed at vp [n, dim_pad].
+// acc_r += sum_i p[r][i] * v_i for every row and the keys it needs, V packed
+// at vp [n, dim_pad].
 HWY_NOINLINE void PackedPv(const TileLogits& p, const float* vp, int64_t n, int64_t dim_pad,
                            const SoftmaxState& state) {
   const int64_t step = 2 * static_cast<int64_t>(hn::Lanes(DF()));
   const OuterProduct g{p.s, p.stride, 1, vp, dim_pad, n, state.acc, state.stride,
                        /*accumulate=*/true};
   ForEachRowBlock<kPackedRows>(p.rows, [&]<int kRows>(int64_t r) HWY_ATTR {
-    for (int64_t d = 0; d < dim_pad; d += step) OuterProductBlock<kRows, 2>(g, {r, d, step});
+    OuterProduct block = g;
+    block.k_count = KeysNeeded(p, r, kRows, n);
+    for (int64_t d = 0; d < dim_pad; d += step) OuterProductBlock<kRows, 2>(block, {r, d, step});
   });
 }
 

@@ -64,6 +64,7 @@ size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out)
   s.acc = take(rows * dim_pad);
   s.m = take(rows);
   s.l = take(rows);
+  s.needed = reinterpret_cast<int32_t*>(take(rows));
   s.k_base = reinterpret_cast<const uint8_t**>(take(kTileRowSlots * token_pad * kPointerFloats));
   s.v_base = reinterpret_cast<const uint8_t**>(take(kTileRowSlots * token_pad * kPointerFloats));
   s.next_rows = reinterpret_cast<const uint8_t**>(

@@ -36,6 +36,7 @@ struct WorkerScratch {
   float* acc = nullptr;  // [rows, dim_pad] output accumulators.
   float* m = nullptr;    // [rows] running max.
   float* l = nullptr;    // [rows] running sum.
+  int32_t* needed = nullptr;  // [rows] TileLogits::needed of the current tile.
   // [kTileRowSlots][token_pad] each: kv head task.kv_head's K / V row of
   // each key of the current and the next tile (ping-pong); other heads are
   // a fixed offset.

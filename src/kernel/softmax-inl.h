@@ -82,7 +82,10 @@ struct RowKeys {
   int64_t kv_len = 0;  // Its sequence's keys.
   int64_t t0 = 0;      // The tile's keys [t0, t0 + n) ...
   int64_t n = 0;
-  int64_t n_pad = 0;   // ... with logits up to RoundUp(n, Lanes) in s.
+  int64_t n_pad = 0;   // ... with weights up to RoundUp(n, Lanes) in s.
+  // Keys [0, needed) have logits in s (TileLogits::needed); the rest are
+  // masked for the row and skipped (a vanishing mask): weight 0.
+  int64_t needed = 0;
   int64_t pos = 0;     // The row's query position (ALiBi's origin).
   float alibi_slope = 0.0f;
   // The custom mask: bit bit0 + i keeps key t0 + i (docs/contract.md §1.6);
@@ -109,7 +112,7 @@ HWY_INLINE hn::Mask<DF> KeptLanes(const uint8_t* bits, int64_t bit) {
 HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* s,
                            const SoftmaxState& row) {
   const int64_t begin = keys.begin, end = keys.end, kv_len = keys.kv_len, t0 = keys.t0,
-                n = keys.n;
+                n = keys.n, needed = keys.needed;
   const int64_t n_pad = keys.n_pad, dim_pad = row.stride;
   float* m = row.m;
   float* l = row.l;
@@ -120,7 +123,10 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   const VF neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
   const VF scale = hn::Set(df, sp.logit_scale);
   // Keys t outside [begin, end) are masked.
-  const bool any_masked = t0 < begin || t0 + n > end;
+  const bool any_masked = t0 < begin || t0 + needed > end;
+  // The logits read: keys [0, needed) in whole vectors; the weights past
+  // them up to n_pad are 0.
+  const int64_t read_pad = RoundUp(needed, lanes);
   const auto iota = hn::Iota(di, 0);
   VF vmax = neg_inf;
   using MF = hn::Mask<DF>;
@@ -130,7 +136,8 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   MF nan = hn::FirstN(df, 0);
   // Keys [i, i + lanes): s scaled, ALiBi, the custom mask, the cap, the
   // causal/window mask, then stored and taken into the maximum. kWhole:
-  // every key below n and none of those options (most tiles of a prefill).
+  // every key below `needed` and none of those options (most tiles of a
+  // prefill).
   auto logits = [&]<bool kWhole>(int64_t i) HWY_ATTR {
     VF x = hn::Mul(hn::LoadU(df, s + i), scale);
     if constexpr (kWhole) {
@@ -142,7 +149,7 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
             df, hn::Add(index, hn::Set(di, static_cast<int32_t>(keys.t0 - keys.pos))));
         x = hn::MulAdd(hn::Set(df, keys.alibi_slope), distance, x);
       }
-      auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(n))));
+      auto valid = hn::RebindMask(df, hn::Lt(index, hn::Set(di, static_cast<int32_t>(needed))));
       if (keys.bits != nullptr) {
         valid = hn::And(valid, KeptLanes(keys.bits, keys.bit0 + i));
         kept = hn::Or(kept, valid);
@@ -172,9 +179,9 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   };
   int64_t key = 0;
   if (!sp.alibi && keys.bits == nullptr && sp.soft_cap == 0.0f && !any_masked) {
-    for (; key + lanes <= n; key += lanes) logits.template operator()<true>(key);
+    for (; key + lanes <= needed; key += lanes) logits.template operator()<true>(key);
   }
-  for (; key < n_pad; key += lanes) logits.template operator()<false>(key);
+  for (; key < read_pad; key += lanes) logits.template operator()<false>(key);
   const float m_old = *m;
   const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(df, vmax)));
   if (std::isnan(m_old) || !hn::AllFalse(df, nan) ||
@@ -212,12 +219,13 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
   }
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
-  for (int64_t i = 0; i < n_pad; i += lanes) {
+  for (int64_t i = 0; i < read_pad; i += lanes) {
     const VF x = hn::LoadU(df, s + i);
     const VF p = ExpNonPositive(df, hn::Sub(x, vm));  // exp(-inf) = 0 for masked keys.
     vsum = hn::Add(vsum, p);
     hn::StoreU(p, df, s + i);
   }
+  for (int64_t i = read_pad; i < n_pad; i += lanes) hn::StoreU(hn::Zero(df), df, s + i);
   const bool first = m_old == -std::numeric_limits<float>::infinity();
   const float alpha = first ? 0.0f : std::exp(m_old - m_new);
   *m = m_new;

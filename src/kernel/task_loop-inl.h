@@ -106,6 +106,7 @@ struct TaskContext {
   int64_t TokenOf(int64_t r) const {
     return q_start + task->q_begin + (r % rows_per_head) / group;
   }
+  int64_t PosOf(int64_t r) const { return first_pos + (r % rows_per_head) / group; }
   int64_t HeadOf(int64_t r) const {
     return (task->kv_head + r / rows_per_head) * group + r % group;
   }
@@ -325,7 +326,15 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
   if (left == 0) return;
   if (left != c.rows_per_head) tile.k_next.count = tile.v_next.count = 0;  // Prefetched.
   const ProductKernel& products = *c.kernels->products;
-  const TileLogits s{ws.s + r0 * ws.token_pad, ws.token_pad, left};
+  // With a vanishing mask, the keys after a row's last visible one are
+  // skipped (docs/contract.md §1): most of the causal diagonal's triangle.
+  const bool skip_masked = c.softmax.vanish && !c.AllVisible(t0, t0 + tile.n);
+  for (int64_t r = r0; skip_masked && r < r0 + left; ++r) {
+    const int64_t end = c.pr->VisibleKeys(c.PosOf(r), c.kv_len).end;
+    ws.needed[r] = static_cast<int32_t>(std::clamp<int64_t>(end - t0, 0, tile.n));
+  }
+  const TileLogits s{ws.s + r0 * ws.token_pad, ws.token_pad, left,
+                     skip_masked ? ws.needed + r0 : nullptr};
   products.logits(c.Queries(products.q_format, r0, left), tile, s, ws.tile);
   RowKeys keys;
   keys.kv_len = c.kv_len;
@@ -333,10 +342,11 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
   keys.n = tile.n;
   keys.n_pad = RoundUp(tile.n, static_cast<int64_t>(hn::Lanes(DF())));
   for (int64_t r = r0; r < r0 + left; ++r) {
-    keys.pos = c.first_pos + (r % c.rows_per_head) / c.group;
+    keys.pos = c.PosOf(r);
     const AttentionProblem::KeyRange range = c.pr->VisibleKeys(keys.pos, c.kv_len);
     keys.begin = range.begin;
     keys.end = range.end;
+    keys.needed = skip_masked ? ws.needed[r] : tile.n;
     if (c.softmax.alibi) keys.alibi_slope = c.pr->alibi_slopes[c.HeadOf(r)];
     if (keep == TileKeep::kSome) {
       keys.bits = c.mask_bits;

@@ -12,6 +12,7 @@
 #ifndef RPA_SRC_KERNEL_TILE_KERNEL_H_
 #define RPA_SRC_KERNEL_TILE_KERNEL_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "rpa/dtype.h"
@@ -177,7 +178,21 @@ struct TileLogits {
   float* s = nullptr;
   int64_t stride = 0;
   int64_t rows = 0;
+  // [rows] or null (every row needs every key): row r needs keys [0,
+  // needed[r]) only; the others are masked for it and may be skipped
+  // (docs/contract.md §1: a vanishing mask), so its logits there need not be
+  // written, and its weights there are 0.
+  const int32_t* needed = nullptr;
 };
+
+// The keys rows [r, r + rows) of s need: n, or with TileLogits::needed the
+// most any of them needs (the masked keys after the last are skipped).
+inline int64_t KeysNeeded(const TileLogits& s, int64_t r, int64_t rows, int64_t n) {
+  if (s.needed == nullptr) return n;
+  int64_t keys = 0;
+  for (int64_t i = r; i < r + rows; ++i) keys = std::max<int64_t>(keys, s.needed[i]);
+  return keys;
+}
 
 // The online-softmax state of a block of rows.
 struct SoftmaxState {
