@@ -126,8 +126,8 @@ struct Candidate {
 };
 
 struct SweepResult {
-  BlockSizes best;
-  double best_ms = 0.0;
+  BlockSizes best;       // TieBreak's choice.
+  double best_ms = 0.0;  // The fastest candidate's time.
   int measured = 0;
 };
 
@@ -173,8 +173,32 @@ class Progress {
   Clock::time_point start_;
 };
 
+// Candidates this close to the fastest are as fast within the run-to-run
+// spread of the fastest-of-N timings on a shared machine (decode's choice
+// changed between runs minutes apart: docs/kernel_log.md, fourth session of
+// 2026-12-07).
+constexpr double kTieMargin = 1.03;
+
+// Of the candidates within kTieMargin of the fastest, the one with the
+// largest KV tile (then the fastest): it splits a long sequence into the
+// fewest tasks, and the lookup serves keys the sweep did not measure (longer
+// contexts: decode-long) from the nearest entry.
+BlockSizes TieBreak(const std::vector<Candidate>& measured, double best_ms) {
+  const Candidate* chosen = nullptr;
+  for (const Candidate& c : measured) {
+    if (c.ms > kTieMargin * best_ms) continue;
+    if (chosen == nullptr ||
+        c.sizes.num_kv_pages_per_block > chosen->sizes.num_kv_pages_per_block ||
+        (c.sizes.num_kv_pages_per_block == chosen->sizes.num_kv_pages_per_block && c.ms < chosen->ms)) {
+      chosen = &c;
+    }
+  }
+  return chosen->sizes;
+}
+
 // Measures every candidate once, then the ones within 25% of the best again
-// with more repetitions: hopeless candidates are pruned after one run.
+// with more repetitions (hopeless candidates are pruned after one run), and
+// breaks near-ties toward the largest KV tile (TieBreak).
 SweepResult Sweep(const SyntheticBatch& batch, const BlockSizeConfig& config, int32_t max_q_len,
                   const AttentionOptions& base, bool quick, Progress& progress,
                   const std::string& label) {
@@ -193,6 +217,7 @@ SweepResult Sweep(const SyntheticBatch& batch, const BlockSizeConfig& config, in
     progress.Step(label);
   }
   const int reps = quick ? 3 : 7;
+  std::vector<Candidate> finalists;
   result.best_ms = 1e300;
   for (Candidate& c : candidates) {
     if (c.ms > 1.25 * best) continue;
@@ -200,11 +225,10 @@ SweepResult Sweep(const SyntheticBatch& batch, const BlockSizeConfig& config, in
     options.num_kv_pages_per_block = c.sizes.num_kv_pages_per_block;
     options.num_queries_per_block = c.sizes.num_queries_per_block;
     c.ms = FastestMs(batch, options, reps, out);
-    if (c.ms < result.best_ms) {
-      result.best_ms = c.ms;
-      result.best = c.sizes;
-    }
+    result.best_ms = std::min(result.best_ms, c.ms);
+    finalists.push_back(c);
   }
+  result.best = TieBreak(finalists, result.best_ms);
   return result;
 }
 
