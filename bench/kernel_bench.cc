@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernel/avx512_bf16_rows.h"
@@ -17,6 +18,7 @@
 #include "rpa/rpa.h"
 #include "testing/machine.h"
 #include "testing/synthetic_batch.h"
+#include "testing/workloads.h"
 #include "threads/thread_pool.h"
 
 namespace rpa {
@@ -414,13 +416,12 @@ BENCHMARK(BM_DecodeHot)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// A whole prefill call (1 x 2048 tokens, causal, the decode shape's heads,
-// bf16; 8 MiB of K/V, read from L2 and L3 after the first call): the prefill
-// path's arithmetic, for profiles without `rpa bench`'s baselines in the
-// way. range(0) threads.
-void BM_Prefill(benchmark::State& state) {
+// Whole calls on a batch of `sequences` (the decode shape's heads, bf16),
+// K/V from L2 and L3 after the first call: the arithmetic of a step, for
+// profiles without `rpa bench`'s baselines in the way. range(0) threads.
+void RunWholeCalls(benchmark::State& state, std::vector<testing::SequenceShape> sequences) {
   testing::BatchSpec spec;
-  spec.sequences = {{2048, 2048}};
+  spec.sequences = std::move(sequences);
   const testing::SyntheticBatch batch = testing::MakeSyntheticBatch(spec);
   std::vector<uint8_t> out = batch.NewOutput();
   const AttentionOptions options = CallOptions(state);
@@ -431,11 +432,17 @@ void BM_Prefill(benchmark::State& state) {
                          options, batch.OutView(out));
   }
   // q.k and p.v over the causal keys: 4 * head_dim per (row, key, q head).
-  const double flops = 2048.0 * 2049 / 2 * 32 * 4 * 128;
-  state.counters["FLOP/s"] =
-      benchmark::Counter(flops * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] = benchmark::Counter(
+      testing::CountWork(spec).flops * state.iterations(), benchmark::Counter::kIsRate);
 }
+
+// A prefill call: 1 x 2048 tokens, causal (8 MiB of K/V).
+void BM_Prefill(benchmark::State& state) { RunWholeCalls(state, testing::PrefillSequences(2048)); }
 BENCHMARK(BM_Prefill)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// `rpa bench`'s mixed step: decodes and chunked prefills (testing/workloads.h).
+void BM_Mixed(benchmark::State& state) { RunWholeCalls(state, testing::MixedSequences()); }
+BENCHMARK(BM_Mixed)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace rpa
