@@ -96,11 +96,33 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void ForEachRowBloc
   }
 }
 
+// The tile's packs in scratch.packed, K's then V's: [dim_pad / 2][n32][2]
+// and [n32 / 2][d16][2] bf16 (2 x n32 x dim_pad bf16 at most: the buffer's
+// n32 x dim_pad f32).
+const uint16_t* PackedKeys(const TileScratch& scratch) {
+  return reinterpret_cast<const uint16_t*>(scratch.packed);
+}
+const uint16_t* PackedValues(const KvTile& tile, const TileScratch& scratch) {
+  return PackedKeys(scratch) + AmxRoundUp(tile.n, kAmxKeyAlign) * scratch.dim_pad;
+}
+
+// Packs the tile's K and V once for all its row chunks (prefetching the
+// next tile's rows first).
+template <DType kDtype>
+void PrepareTile(const KvTile& tile, const TileScratch& scratch) {
+  static_assert(kAmxDimAlign == kDimAlign && kAmxVDimAlign <= kDimAlign);
+  using Packs = TilePacks<kDtype, NextTilePrefetch::kUpFront>;
+  Packs::Keys(tile, scratch);
+  TileScratch values = scratch;
+  values.packed += AmxRoundUp(tile.n, kAmxKeyAlign) * scratch.dim_pad / 2;
+  Packs::Values(tile, values);
+}
+
 template <DType kDtype>
 RPA_AVX512_BF16_TARGET void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* kp = TilePacks<kDtype, NextTilePrefetch::kUpFront>::Keys(tile, scratch);
+  const uint16_t* kp = PackedKeys(scratch);  // PrepareTile's.
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   ForEachRowBlock(q.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
     LogitsBlockArgs a{static_cast<const uint16_t*>(q.data) + r * q.stride,
@@ -162,7 +184,7 @@ template <DType kDtype>
 RPA_AVX512_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
                         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* vp = TilePacks<kDtype, NextTilePrefetch::kUpFront>::Values(tile, scratch);
+  const uint16_t* vp = PackedValues(tile, scratch);  // PrepareTile's.
   const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   const int64_t d16 = AmxRoundUp(tile.head_dim, kAmxVDimAlign);
@@ -177,7 +199,7 @@ RPA_AVX512_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const So
 template <DType kDtype>
 constexpr ProductKernel kPacked = {
     "avx512_bf16_packed", QueryFormat::kBf16,    PrepareBf16Row, AccOrder::kNatural,
-    /*e4m3_scaled=*/false,  Logits<kDtype>,        Pv<kDtype>};
+    /*e4m3_scaled=*/false, /*prepare_tile=*/PrepareTile<kDtype>,  Logits<kDtype>,        Pv<kDtype>};
 
 }  // namespace
 

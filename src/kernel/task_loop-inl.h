@@ -333,28 +333,38 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
     const int64_t end = c.pr->VisibleKeys(c.PosOf(r), c.kv_len).end;
     ws.needed[r] = static_cast<int32_t>(std::clamp<int64_t>(end - t0, 0, tile.n));
   }
-  const TileLogits s{ws.s + r0 * ws.token_pad, ws.token_pad, left,
-                     skip_masked ? ws.needed + r0 : nullptr};
-  products.logits(c.Queries(products.q_format, r0, left), tile, s, ws.tile);
   RowKeys keys;
   keys.kv_len = c.kv_len;
   keys.t0 = t0;
   keys.n = tile.n;
   keys.n_pad = RoundUp(tile.n, static_cast<int64_t>(hn::Lanes(DF())));
-  for (int64_t r = r0; r < r0 + left; ++r) {
-    keys.pos = c.PosOf(r);
-    const AttentionProblem::KeyRange range = c.pr->VisibleKeys(keys.pos, c.kv_len);
-    keys.begin = range.begin;
-    keys.end = range.end;
-    keys.needed = skip_masked ? ws.needed[r] : tile.n;
-    if (c.softmax.alibi) keys.alibi_slope = c.pr->alibi_slopes[c.HeadOf(r)];
-    if (keep == TileKeep::kSome) {
-      keys.bits = c.mask_bits;
-      keys.bit0 = c.mask_bit0 + (r % c.rows_per_head) / c.group * c.kv_len + t0;
+  // The logits and weights of rows [first, first + rows), at the start of s.
+  auto softmax_rows = [&](int64_t first, int64_t rows) {
+    for (int64_t r = first; r < first + rows; ++r) {
+      keys.pos = c.PosOf(r);
+      const AttentionProblem::KeyRange range = c.pr->VisibleKeys(keys.pos, c.kv_len);
+      keys.begin = range.begin;
+      keys.end = range.end;
+      keys.needed = skip_masked ? ws.needed[r] : tile.n;
+      if (c.softmax.alibi) keys.alibi_slope = c.pr->alibi_slopes[c.HeadOf(r)];
+      if (keep == TileKeep::kSome) {
+        keys.bits = c.mask_bits;
+        keys.bit0 = c.mask_bit0 + (r % c.rows_per_head) / c.group * c.kv_len + t0;
+      }
+      SoftmaxRow(c.softmax, keys, ws.s + (r - first) * ws.token_pad, c.State(r));
     }
-    SoftmaxRow(c.softmax, keys, ws.s + r * ws.token_pad, c.State(r));
+  };
+  // A kernel with prepare_tile takes the rows in chunks through the same
+  // rows of s; the others all at once.
+  if (products.prepare_tile != nullptr) products.prepare_tile(tile, ws.tile);
+  const int64_t chunk = products.prepare_tile != nullptr ? kRowChunk : left;
+  for (int64_t first = r0; first < r0 + left; first += chunk) {
+    const int64_t rows = std::min(chunk, r0 + left - first);
+    const TileLogits s{ws.s, ws.token_pad, rows, skip_masked ? ws.needed + first : nullptr};
+    products.logits(c.Queries(products.q_format, first, rows), tile, s, ws.tile);
+    softmax_rows(first, rows);
+    products.pv(s, tile, c.State(first), ws.tile);
   }
-  products.pv(s, tile, c.State(r0), ws.tile);
 }
 
 // Walks the task's KV range tile by tile. Row pointers of the current and

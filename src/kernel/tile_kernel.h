@@ -223,6 +223,10 @@ inline float PrepareBf16Row(const float* q, int64_t /*head_dim*/, int64_t dim_pa
   return 1.0f;
 }
 
+// Rows per chunk of a kernel with prepare_tile (a multiple of 16: the bf16
+// weights' row blocks).
+inline constexpr int64_t kRowChunk = 32;
+
 // The unfused products of one kernel, specialised for one K/V dtype (every
 // dtype's instance of a kernel has the same name and fields but the
 // functions). A kernel whose e4m3_scaled is set
@@ -234,6 +238,11 @@ struct ProductKernel {
   PrepareQueryRow prepare_q;  // Null for kF32.
   AccOrder acc_order;
   bool e4m3_scaled;
+  // Null, or the tile's work that its logits and pv share (packs), done
+  // once per tile and kv head before them; the task loop then gives them a
+  // tile's rows in chunks of kRowChunk, so a chunk's logits stay in L2
+  // between the products and the softmax.
+  void (*prepare_tile)(const KvTile& tile, const TileScratch& scratch);
   // s[r][i] = q_r . k_i for r < q.rows, i < tile.n.
   void (*logits)(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                  const TileScratch& scratch);
