@@ -205,7 +205,9 @@ struct SoftmaxState {
 // Per-worker buffers of the products (sized by the plan, scratch.h).
 struct TileScratch {
   int64_t dim_pad = 0;          // RoundUp(head_dim, kDimAlign): the stride of both.
-  float* packed = nullptr;      // [RoundUp(kv_block, 32), dim_pad] f32: a packed K or V tile.
+  // [RoundUp(kv_block, 32), dim_pad] f32: a packed K or V tile, or bf16 K
+  // and V side by side (avx512_bf16_packed's prepare_tile).
+  float* packed = nullptr;
   uint16_t* kv_bf16 = nullptr;  // [token_pad, dim_pad] 8-bit K/V rows as bf16 (else null).
   const uint8_t** converted = nullptr;  // [token_pad] pointers to kv_bf16's rows.
   const void** row_pointers = nullptr;  // [token_pad] a tile's K or V rows as pointers.
