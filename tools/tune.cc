@@ -187,9 +187,9 @@ BlockSizes TieBreak(const std::vector<Candidate>& measured, double best_ms) {
   const Candidate* chosen = nullptr;
   for (const Candidate& c : measured) {
     if (c.ms > kTieMargin * best_ms) continue;
-    if (chosen == nullptr ||
-        c.sizes.num_kv_pages_per_block > chosen->sizes.num_kv_pages_per_block ||
-        (c.sizes.num_kv_pages_per_block == chosen->sizes.num_kv_pages_per_block && c.ms < chosen->ms)) {
+    const int64_t pages = c.sizes.num_kv_pages_per_block;
+    if (chosen == nullptr || pages > chosen->sizes.num_kv_pages_per_block ||
+        (pages == chosen->sizes.num_kv_pages_per_block && c.ms < chosen->ms)) {
       chosen = &c;
     }
   }

@@ -98,8 +98,8 @@ void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
 template <class Unit, DType kDtype>
 constexpr ProductKernel kKernel = {Unit::kName,          QueryFormat::kBf16,
                                    PrepareBf16Row,       AccOrder::kNatural,
-                                   /*e4m3_scaled=*/false, /*prepare_tile=*/nullptr, Logits<Unit, kDtype>,
-                                   Pv<Unit, kDtype>};
+                                   /*e4m3_scaled=*/false, /*prepare_tile=*/nullptr,
+                                   Logits<Unit, kDtype>,  Pv<Unit, kDtype>};
 
 }  // namespace amx_prefill
 

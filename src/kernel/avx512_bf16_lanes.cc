@@ -433,8 +433,8 @@ bool LanesTile(const QueryRows& q, const KvTile& tile, float logit_scale,
 template <DType kDtype>
 constexpr ProductKernel kLanes = {"avx512_bf16_lanes",    QueryFormat::kBf16PairLanes,
                                   nullptr,                AccOrder::kPairInterleaved,
-                                  /*e4m3_scaled=*/false, /*prepare_tile=*/nullptr,  Logits<kDtype>,
-                                  Pv<kDtype>};
+                                  /*e4m3_scaled=*/false,  /*prepare_tile=*/nullptr,
+                                  Logits<kDtype>,         Pv<kDtype>};
 
 template <DType kDtype>
 constexpr FusedTileKernel kLanesTile = {

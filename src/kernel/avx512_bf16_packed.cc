@@ -16,8 +16,9 @@
 // accumulators, 2 loads and 8 broadcasts per 16 vdpbf16ps. q [rows,
 // dim_pad] bf16; K packed [dim_pad / 2][RoundUp(n, 32)][2], V packed
 // [RoundUp(n, 32) / 2][RoundUp(head_dim, 16)][2], both in TileScratch::packed
-// (V over K); rows padded to 16 in scratch (the weights' conversion writes
-// whole 16-row blocks).
+// (K's then V's, packed once per tile by PrepareTile; the task loop then
+// runs the rows in chunks of kRowChunk); rows padded to 16 in scratch (the
+// weights' conversion writes whole 16-row blocks).
 //
 // Dispatch chooses it for the prefill class with bf16 q and bf16/fp8/int8
 // K/V where vdpbf16ps runs at the FMA's issue rate (AMD Zen 4 measured
@@ -99,10 +100,10 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void ForEachRowBloc
 // The tile's packs in scratch.packed, K's then V's: [dim_pad / 2][n32][2]
 // and [n32 / 2][d16][2] bf16 (2 x n32 x dim_pad bf16 at most: the buffer's
 // n32 x dim_pad f32).
-const uint16_t* PackedKeys(const TileScratch& scratch) {
-  return reinterpret_cast<const uint16_t*>(scratch.packed);
+uint16_t* PackedKeys(const TileScratch& scratch) {
+  return reinterpret_cast<uint16_t*>(scratch.packed);
 }
-const uint16_t* PackedValues(const KvTile& tile, const TileScratch& scratch) {
+uint16_t* PackedValues(const KvTile& tile, const TileScratch& scratch) {
   return PackedKeys(scratch) + AmxRoundUp(tile.n, kAmxKeyAlign) * scratch.dim_pad;
 }
 
@@ -112,9 +113,9 @@ template <DType kDtype>
 void PrepareTile(const KvTile& tile, const TileScratch& scratch) {
   static_assert(kAmxDimAlign == kDimAlign && kAmxVDimAlign <= kDimAlign);
   using Packs = TilePacks<kDtype, NextTilePrefetch::kUpFront>;
-  Packs::Keys(tile, scratch);
+  Packs::Keys(tile, scratch);  // At PackedKeys.
   TileScratch values = scratch;
-  values.packed += AmxRoundUp(tile.n, kAmxKeyAlign) * scratch.dim_pad / 2;
+  values.packed = reinterpret_cast<float*>(PackedValues(tile, scratch));
   Packs::Values(tile, values);
 }
 
@@ -199,7 +200,8 @@ RPA_AVX512_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const So
 template <DType kDtype>
 constexpr ProductKernel kPacked = {
     "avx512_bf16_packed", QueryFormat::kBf16,    PrepareBf16Row, AccOrder::kNatural,
-    /*e4m3_scaled=*/false, /*prepare_tile=*/PrepareTile<kDtype>,  Logits<kDtype>,        Pv<kDtype>};
+    /*e4m3_scaled=*/false,  /*prepare_tile=*/PrepareTile<kDtype>,
+    Logits<kDtype>,         Pv<kDtype>};
 
 }  // namespace
 

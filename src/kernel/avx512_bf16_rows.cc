@@ -260,8 +260,8 @@ bool DecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
 template <DType kDtype>
 constexpr ProductKernel kRows = {"avx512_bf16_rows",    QueryFormat::kBf16,
                                  PrepareBf16Row,        AccOrder::kPairInterleaved,
-                                 /*e4m3_scaled=*/false, /*prepare_tile=*/nullptr, Logits<kDtype>,
-                                 Pv<kDtype>};
+                                 /*e4m3_scaled=*/false, /*prepare_tile=*/nullptr,
+                                 Logits<kDtype>,        Pv<kDtype>};
 
 template <DType kDtype>
 constexpr FusedTileKernel kDecode = {

@@ -308,15 +308,15 @@ float PrepareEvenOdd(const float* q, int64_t /*head_dim*/, int64_t dim_pad, void
 template <DType kDtype>
 constexpr ProductKernel kWide = {"avx512_wide",        QueryFormat::kF32EvenOdd,
                                  PrepareEvenOdd,       AccOrder::kEvenOdd,
-                                 /*e4m3_scaled=*/true, /*prepare_tile=*/nullptr, Logits<kDtype>,
-                                 Pv<kDtype>};
+                                 /*e4m3_scaled=*/true, /*prepare_tile=*/nullptr,
+                                 Logits<kDtype>,       Pv<kDtype>};
 
 template <DType kDtype>
 constexpr ProductKernel kWideFp8Scratch = {
     "avx512_wide_fp8_scratch", QueryFormat::kF32EvenOdd,
     PrepareEvenOdd,            AccOrder::kEvenOdd,
-    /*e4m3_scaled=*/true, /*prepare_tile=*/nullptr,      Logits<kDtype, Fp8Source::kThroughScratch>,
-    Pv<kDtype, Fp8Source::kThroughScratch>};
+    /*e4m3_scaled=*/true,      /*prepare_tile=*/nullptr,
+    Logits<kDtype, Fp8Source::kThroughScratch>, Pv<kDtype, Fp8Source::kThroughScratch>};
 
 template <DType kDtype>
 constexpr FusedTileKernel kWideDecode = {

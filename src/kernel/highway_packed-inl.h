@@ -201,8 +201,9 @@ void PackedTilePv(const TileLogits& p, const KvTile& tile, const SoftmaxState& s
 // The kernel for K/V stored as T (VisitKvElem's tags).
 template <typename T>
 const ProductKernel kHighwayPacked = {"highway_packed",   QueryFormat::kF32, nullptr,
-                                      AccOrder::kNatural, /*e4m3_scaled=*/true, /*prepare_tile=*/nullptr,
-                                      PackedTileLogits<T>, PackedTilePv<T>};
+                                      AccOrder::kNatural, /*e4m3_scaled=*/true,
+                                      /*prepare_tile=*/nullptr, PackedTileLogits<T>,
+                                      PackedTilePv<T>};
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE

@@ -108,7 +108,8 @@ HWY_NOINLINE void RowsPv(const TileLogits& p, const KvTile& tile, const SoftmaxS
 // The kernel for K/V stored as T (VisitKvElem's tags).
 template <typename T>
 const ProductKernel kHighwayRows = {"highway_rows",     QueryFormat::kF32, nullptr,
-                                    AccOrder::kNatural, /*e4m3_scaled=*/true, /*prepare_tile=*/nullptr, RowsLogits<T>,
+                                    AccOrder::kNatural, /*e4m3_scaled=*/true,
+                                    /*prepare_tile=*/nullptr, RowsLogits<T>,
                                     RowsPv<T>};
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
