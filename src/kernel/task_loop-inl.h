@@ -477,13 +477,27 @@ void WritePartial(const TaskContext& c, float* out) {
   }
 }
 
+// How WriteRows prefetches the output rows: for writing on the AVX-512
+// targets, whose CPUs all have PRFCHW (Intel from Broadwell, every AMD);
+// into L1 below them (Haswell lacks it).
+constexpr PrefetchTo kOutputPrefetch =
+    HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3 ? PrefetchTo::kL1 : PrefetchTo::kWrite;
+
 // The finished rows: output (and LSE) of every row the task owns.
 void WriteRows(const TaskContext& c) {
   const AttentionProblem& pr = *c.pr;
   const WorkerScratch& ws = *c.ws;
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t elem = static_cast<int64_t>(SizeOf(pr.q_dtype));
+  auto out_row = [&](int64_t r) {
+    return static_cast<uint8_t*>(pr.out) +
+           (c.TokenOf(r) * pr.out_token_stride + c.HeadOf(r) * pr.out_head_stride) * elem;
+  };
   for (int64_t r = 0; r < c.rows; ++r) {
+    // The output rows are usually cold and a token apart (no hardware
+    // prefetch follows them): RFO misses stalled the stores (docs/kernel_log.md).
+    PrefetchRowsAhead(r, c.rows, out_row, pr.head_dim * elem, kOutputPrefetch);
     const int64_t token = c.TokenOf(r);
     const int64_t head = c.HeadOf(r);
     const FinishedRow f = FinishRow(ws.m[r], ws.l[r], pr.sinks ? pr.sinks + head : nullptr,
@@ -493,10 +507,7 @@ void WriteRows(const TaskContext& c) {
     for (int64_t d = 0; d < ws.dim_pad; d += lanes) {
       hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), hn::Set(df, f.out_scale)), df, acc + d);
     }
-    void* dst = static_cast<uint8_t*>(pr.out) +
-                (token * pr.out_token_stride + head * pr.out_head_stride) *
-                    static_cast<int64_t>(SizeOf(pr.q_dtype));
-    StoreRow(pr.q_dtype, dst, acc, pr.head_dim);
+    StoreRow(pr.q_dtype, out_row(r), acc, pr.head_dim);
   }
 }
 

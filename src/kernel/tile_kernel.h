@@ -107,7 +107,10 @@ struct QueryRows {
 // address order (a task over every kv head, WalkTiles): 5-10% faster decode
 // on Zen 5, where L1 slowed the middle class and mixed steps by about as
 // much when it was used for every prefetch (docs/kernel_log.md).
-enum class PrefetchTo : uint8_t { kL2, kL1 };
+// kWrite: lines about to be written (an output row), fetched for ownership
+// so the stores do not wait for them; x86-64 only where the CPU has PRFCHW
+// (kOutputPrefetch, task_loop-inl.h).
+enum class PrefetchTo : uint8_t { kL2, kL1, kWrite };
 
 // Whether a kernel's tile step prefetches the whole next tile's rows up front
 // (kUpFront) or leaves them to the hardware and its own prefetches a few rows
@@ -142,11 +145,15 @@ inline void PrefetchRow(const void* p, int64_t bytes, PrefetchTo to = PrefetchTo
 #if defined(__x86_64__)
     if (to == PrefetchTo::kL1) {
       __asm__ volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(line)));
+    } else if (to == PrefetchTo::kWrite) {
+      __asm__ volatile("prefetchw %0" : : "m"(*reinterpret_cast<const char*>(line)));
     } else {
       __asm__ volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(line)));
     }
 #else
-    if (to == PrefetchTo::kL1) {
+    if (to == PrefetchTo::kWrite) {
+      __builtin_prefetch(reinterpret_cast<const void*>(line), 1, 3);
+    } else if (to == PrefetchTo::kL1) {
       __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
     } else {
       __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
