@@ -1317,6 +1317,58 @@ TEST(KernelTest, DecodeDeclinesMidTileLikeTheReference) {
   }
 }
 
+// avx512_bf16_packed's softmax fused into its logits (ProductKernel::weights)
+// where its lazy reference must rise mid-tile (logits that grow with the key,
+// so a later 32-key block passes the reference by more than its lag and the
+// row's earlier weights are rescaled) and where it declines to the
+// unfused path (a NaN, +inf or -inf K element mid-tile, in the second
+// 32-key block; a window, whose
+// masked keys before a row's first it does not take). Prefill tiles of 128
+// keys (four blocks), the causal diagonal inside them, 1-3 threads.
+TEST(KernelBf16PackedTest, FusedSoftmaxEdgesMatchReference) {
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  ScopedVendorRules amd(/*amd=*/true);
+  testing::ScopedWithoutAmx hide_amx;
+  enum class Edit { kRising, kNaN, kInf, kNegInf, kWindow };
+  for (const Edit edit : {Edit::kRising, Edit::kNaN, Edit::kInf, Edit::kNegInf, Edit::kWindow}) {
+    for (int threads = 1; threads <= 3; ++threads) {
+      Case c = Fixed({{48, 300}, {40, 40}, {33, 100}}, DType::kBF16, threads);
+      c.spec.q_dtype = DType::kBF16;
+      c.spec.num_kv_heads = 2;
+      c.spec.num_q_heads = 8;
+      c.spec.head_dim = 64;
+      c.spec.page_size = 16;
+      c.options.num_kv_pages_per_block = 8;
+      c.options.num_queries_per_block = 16;
+      c.lse = true;
+      if (edit == Edit::kWindow) c.options.sliding_window = 70;
+      SyntheticBatch b = testing::MakeSyntheticBatch(c.spec);
+      // K element d of key t of sequence 0, kv head 1.
+      auto k_element = [&](int64_t t, int64_t d) {
+        const int64_t page = b.page_indices[t / 16];
+        return ((page * 16 + t % 16) * 2 * c.spec.num_kv_heads + 2 * 1) * c.spec.head_dim + d;
+      };
+      const DType kv = c.spec.kv_dtype;
+      if (edit == Edit::kRising) {
+        for (int64_t t = 0; t < 300; ++t) {
+          for (int64_t d = 0; d < c.spec.head_dim; ++d) {
+            const int64_t e = k_element(t, d);
+            const float grown = LoadAsF32(kv, b.kv_pages.data(), e) * (1.0f + 0.1f * t);
+            StoreFromF32(kv, b.kv_pages.data(), e, grown);
+          }
+        }
+      } else if (edit != Edit::kWindow) {
+        const float bad = edit == Edit::kNaN ? NAN : edit == Edit::kInf ? INFINITY : -INFINITY;
+        StoreFromF32(kv, b.kv_pages.data(), k_element(100, 3), bad);  // Every row sees it.
+      }
+      SCOPED_TRACE(::testing::Message() << "edit " << static_cast<int>(edit) << ", threads "
+                                        << threads);
+      ExpectClose(c, b, RunCase(c, b, true), RunCase(c, b, false), NonFinite::kLikeReference);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 // The lanes kernels' edges under AMD's rules, on bf16, 8-bit float and int8
 // K/V: heads wider than the fused tile's 256 padded dims (declined to the
 // products) and odd ones, 9-31 rows

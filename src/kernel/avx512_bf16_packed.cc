@@ -29,6 +29,8 @@
 
 #if defined(__x86_64__)
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "kernel/avx512_common.h"
 #include "kernel/bf16_pairs.h"
@@ -54,9 +56,11 @@ struct LogitsBlockArgs {
   int64_t keys;        // Keys of the block below n (1..32).
 };
 
+// The q . k dot products of rows [0, kRows) and keys [j0, j0 + 32): keys
+// j0.. j0 + 15 in acc0[r], the next 16 in acc1[r].
 template <int kRows>
-RPA_AVX512_BF16_TARGET void LogitsBlock(const LogitsBlockArgs& a, int64_t j0) {
-  __m512 acc0[kRows], acc1[kRows];
+RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void BlockDots(
+    const LogitsBlockArgs& a, int64_t j0, __m512* acc0, __m512* acc1) {
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const uint16_t* k = a.kp + 2 * j0;
@@ -70,6 +74,12 @@ RPA_AVX512_BF16_TARGET void LogitsBlock(const LogitsBlockArgs& a, int64_t j0) {
       acc1[r] = DotBf16(acc1[r], qp, k1);
     }
   }
+}
+
+template <int kRows>
+RPA_AVX512_BF16_TARGET void LogitsBlock(const LogitsBlockArgs& a, int64_t j0) {
+  __m512 acc0[kRows], acc1[kRows];
+  BlockDots<kRows>(a, j0, acc0, acc1);
   const __mmask16 low = Lanes16(a.keys), high = Lanes16(a.keys - 16);
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
@@ -181,12 +191,178 @@ RPA_AVX512_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
   }
 }
 
+// The fused softmax's reference for a row's weights may trail its largest
+// logit by up to ln 256 (weights up to 2^kLazyLag2 = 256, far inside f32's
+// range): a block of keys raises it only when one of its logits passes it
+// by more, so most blocks skip the horizontal maximum. Any reference gives
+// the same softmax: m and l stay relative to it (FinishRow and the split
+// merges need them consistent, not m the maximum).
+constexpr float kLazyLag2 = 8.0f;  // In log2 units, as WeightsBlock's t.
+
+// 2^t in the lanes of keep (0 in the others and below 2^-125): n = round(t),
+// 2^(t - n) by a degree-5 polynomial fitted to it over [-1/2, 1/2]
+// (relative error 2e-7 in f32), times 2^n by vscalefps. WeightsBlock's exp:
+// with the logit's scale, log2 e and the row's reference folded into the
+// one multiply-add that makes t, it takes half the instructions of
+// ExpNonPositive (the softmax's exp, whose two-step ln 2 reduction and
+// degree 7 keep f32's accuracy); t's own rounding costs ~1e-6 relative,
+// 1/1000 of the bf16 rounding the weights get next.
+RPA_AVX512_BF16_TARGET inline __m512 Exp2(__m512 t, __mmask16 keep) {
+  constexpr float kPoly[6] = {1.0000001192092896f,  0.6931470036506653f,
+                              0.24022118747234344f, 0.05550695210695267f,
+                              0.009675590321421623f, 0.001328230369836092f};
+  const __mmask16 normal = _mm512_mask_cmp_ps_mask(keep, t, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 poly = _mm512_set1_ps(kPoly[5]);
+#pragma GCC unroll 5
+  for (int k = 4; k >= 0; --k) poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(kPoly[k]));
+  return _mm512_maskz_scalef_ps(normal, poly, n);
+}
+
+// One row's softmax in WeightsBlock: the reference its weights are relative
+// to (from the state's m), their sum (lane-wise), and the keys it sees.
+struct LazyRow {
+  float ref;
+  __m512 sum;
+  int64_t keys;
+};
+
+// A row's bf16 weights [0, j0) (Pv's layout) times a, where its reference
+// rose at key block j0.
+RPA_AVX512_BF16_TARGET inline __m512 WidenBf16(__m256i half) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+RPA_AVX512_BF16_TARGET void RescaleWeights(uint16_t* w, int64_t j0, float a) {
+  const __m512 va = _mm512_set1_ps(a);
+  for (int64_t i = 0; i < j0; i += 32) {
+    const __m512i x = _mm512_loadu_si512(w + i);
+    const __m512 lo = WidenBf16(_mm512_castsi512_si256(x));
+    const __m512 hi = WidenBf16(_mm512_extracti64x4_epi64(x, 1));
+    _mm512_storeu_si512(w + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
+                                   _mm512_mul_ps(hi, va), _mm512_mul_ps(lo, va))));
+  }
+}
+
+// Rows [0, kRows) of a.q: each 32-key block's logits as LogitsBlock's, then
+// in registers scaled, the row's reference raised where a logit passes it
+// by more than the lag, e^(logit - reference) for the keys the row sees (0 past
+// them), summed, and stored as bf16 at w + r * w_stride. False: a +inf or
+// NaN logit (the caller declines the chunk).
+template <int kRows>
+RPA_AVX512_BF16_TARGET bool WeightsBlock(const LogitsBlockArgs& a, float logit_scale,
+                                         uint16_t* w, int64_t w_stride, LazyRow* rows) {
+  int64_t keys = 0;
+  for (int r = 0; r < kRows; ++r) keys = std::max(keys, rows[r].keys);
+  constexpr float kLog2E = 1.44269504f;
+  const __m512 scale = _mm512_set1_ps(logit_scale);
+  // t = (logit - reference) log2 e = dot * scale_log2e + shift.
+  const __m512 scale_log2e = _mm512_set1_ps(logit_scale * kLog2E);
+  // NaN where any logit a row sees was NaN (or +inf beside -inf).
+  __m512 probe = _mm512_setzero_ps();
+  for (int64_t j0 = 0; j0 < keys; j0 += 32) {
+    __m512 acc0[kRows], acc1[kRows];
+    BlockDots<kRows>(a, j0, acc0, acc1);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      LazyRow& row = rows[r];
+      const __mmask16 valid0 = Lanes16(row.keys - j0), valid1 = Lanes16(row.keys - j0 - 16);
+      __m512 shift = _mm512_set1_ps(-row.ref * kLog2E);  // +inf before the first reference.
+      __m512 t0 = _mm512_fmadd_ps(acc0[r], scale_log2e, shift);
+      __m512 t1 = _mm512_fmadd_ps(acc1[r], scale_log2e, shift);
+      const __m512 limit = _mm512_set1_ps(kLazyLag2);
+      if ((_mm512_mask_cmp_ps_mask(valid0, t0, limit, _CMP_GT_OQ) |
+           _mm512_mask_cmp_ps_mask(valid1, t1, limit, _CMP_GT_OQ)) != 0) {
+        constexpr float kInf = std::numeric_limits<float>::infinity();
+        const __m512 neg_inf = _mm512_set1_ps(-kInf);
+        const __m512 x0 = _mm512_mul_ps(acc0[r], scale), x1 = _mm512_mul_ps(acc1[r], scale);
+        const float top = _mm512_reduce_max_ps(_mm512_max_ps(
+            _mm512_mask_mov_ps(neg_inf, valid0, x0), _mm512_mask_mov_ps(neg_inf, valid1, x1)));
+        if (!(top < kInf)) return false;
+        const float rescale = row.ref == -kInf ? 0.0f : std::exp(row.ref - top);
+        RescaleWeights(w + r * w_stride, j0, rescale);
+        row.sum = _mm512_mul_ps(row.sum, _mm512_set1_ps(rescale));
+        row.ref = top;
+        shift = _mm512_set1_ps(-row.ref * kLog2E);
+        t0 = _mm512_fmadd_ps(acc0[r], scale_log2e, shift);
+        t1 = _mm512_fmadd_ps(acc1[r], scale_log2e, shift);
+      }
+      probe = _mm512_mask_add_ps(probe, valid0, probe, t0);
+      probe = _mm512_mask_add_ps(probe, valid1, probe, t1);
+      const __m512 p0 = Exp2(t0, valid0), p1 = Exp2(t1, valid1);
+      row.sum = _mm512_add_ps(row.sum, _mm512_add_ps(p0, p1));
+      _mm512_storeu_si512(w + r * w_stride + j0,
+                          reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
+    }
+  }
+  return _mm512_cmp_ps_mask(probe, probe, _CMP_UNORD_Q) == 0;
+}
+
+// Each row's state moved to its reference: m and l as SoftmaxRow leaves
+// them, the accumulator rescaled where the reference rose.
+RPA_AVX512_BF16_TARGET void CommitRow(const LazyRow& row, const SoftmaxState& state, int64_t r) {
+  if (row.keys <= 0) return;  // The row sees no key of the tile.
+  const float m_old = state.m[r];
+  const float sum = _mm512_reduce_add_ps(row.sum);
+  state.m[r] = row.ref;
+  if (m_old == -std::numeric_limits<float>::infinity()) {
+    state.l[r] = sum;  // Its accumulator holds 0: nothing to rescale.
+    return;
+  }
+  const float alpha = std::exp(m_old - row.ref);
+  state.l[r] = state.l[r] * alpha + sum;
+  if (alpha == 1.0f) return;
+  float* acc = state.acc + r * state.stride;
+  for (int64_t d = 0; d < state.stride; d += 16) {
+    _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(alpha)));
+  }
+}
+
+// ProductKernel::weights: WeightsBlock over the rows' blocks, then, if none
+// declined and every row that sees a key has a finite reference, the
+// commits.
+template <DType kDtype>
+RPA_AVX512_BF16_TARGET bool Weights(const QueryRows& q, const KvTile& tile, const TileLogits& s,
+                                    float logit_scale, const SoftmaxState& state,
+                                    const TileScratch& scratch) {
+  if (q.rows > kRowChunk) return false;
+  if (q.rows <= 0 || tile.n <= 0) return true;
+  LazyRow rows[kRowChunk];
+  for (int64_t r = 0; r < q.rows; ++r) {
+    if (std::isnan(state.m[r])) return false;  // A poisoned row: SoftmaxRow's.
+    rows[r] = {state.m[r], _mm512_setzero_ps(), s.needed != nullptr ? s.needed[r] : tile.n};
+  }
+  const uint16_t* kp = PackedKeys(scratch);  // PrepareTile's.
+  const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
+  uint16_t* w = reinterpret_cast<uint16_t*>(s.s);
+  bool ok = true;
+  ForEachRowBlock(q.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
+    const LogitsBlockArgs a{static_cast<const uint16_t*>(q.data) + r * q.stride,
+                            q.stride,
+                            kp,
+                            n32,
+                            AmxRoundUp(tile.head_dim, kAmxDimAlign) / 2,
+                            nullptr,
+                            0,
+                            0};
+    ok = ok && WeightsBlock<kRows>(a, logit_scale, w + r * n32, n32, rows + r);
+  });
+  if (!ok) return false;
+  // A row whose keys so far were all -inf: SoftmaxRow's rules for it.
+  for (int64_t r = 0; r < q.rows; ++r) {
+    if (rows[r].keys > 0 && rows[r].ref == -std::numeric_limits<float>::infinity()) return false;
+  }
+  for (int64_t r = 0; r < q.rows; ++r) CommitRow(rows[r], state, r);
+  return true;
+}
+
 template <DType kDtype>
 RPA_AVX512_BF16_TARGET void Pv(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
                         const TileScratch& scratch) {
   if (p.rows <= 0 || tile.n <= 0) return;
   const uint16_t* vp = PackedValues(tile, scratch);  // PrepareTile's.
-  const uint16_t* weights = WeightsToBf16InPlace(p, tile.n);
+  const uint16_t* weights = p.bf16_weights ? reinterpret_cast<const uint16_t*>(p.s)
+                                           : WeightsToBf16InPlace(p, tile.n);
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   const int64_t d16 = AmxRoundUp(tile.head_dim, kAmxVDimAlign);
   ForEachRowBlock(p.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
@@ -201,7 +377,8 @@ template <DType kDtype>
 constexpr ProductKernel kPacked = {
     "avx512_bf16_packed", QueryFormat::kBf16,    PrepareBf16Row, AccOrder::kNatural,
     /*e4m3_scaled=*/false,  /*prepare_tile=*/PrepareTile<kDtype>,
-    Logits<kDtype>,         Pv<kDtype>};
+    Logits<kDtype>,         Pv<kDtype>,
+    Weights<kDtype>};
 
 }  // namespace
 

@@ -328,10 +328,17 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
   const ProductKernel& products = *c.kernels->products;
   // With a vanishing mask, the keys after a row's last visible one are
   // skipped (docs/contract.md §1): most of the causal diagonal's triangle.
-  const bool skip_masked = c.softmax.vanish && !c.AllVisible(t0, t0 + tile.n);
+  const bool all_visible = c.AllVisible(t0, t0 + tile.n);
+  const bool skip_masked = c.softmax.vanish && !all_visible;
+  // The products' fused softmax takes tiles whose rows mask no key before
+  // their last one and need none of the softmax's other rules.
+  bool fused_weights = products.weights != nullptr && keep == TileKeep::kAll &&
+                       !c.softmax.alibi && c.softmax.soft_cap == 0.0f &&
+                       (all_visible || skip_masked);
   for (int64_t r = r0; skip_masked && r < r0 + left; ++r) {
-    const int64_t end = c.pr->VisibleKeys(c.PosOf(r), c.kv_len).end;
-    ws.needed[r] = static_cast<int32_t>(std::clamp<int64_t>(end - t0, 0, tile.n));
+    const AttentionProblem::KeyRange range = c.pr->VisibleKeys(c.PosOf(r), c.kv_len);
+    ws.needed[r] = static_cast<int32_t>(std::clamp<int64_t>(range.end - t0, 0, tile.n));
+    if (range.begin > t0 && range.end > t0) fused_weights = false;
   }
   RowKeys keys;
   keys.kv_len = c.kv_len;
@@ -361,6 +368,13 @@ void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool 
   for (int64_t first = r0; first < r0 + left; first += chunk) {
     const int64_t rows = std::min(chunk, r0 + left - first);
     const TileLogits s{ws.s, ws.token_pad, rows, skip_masked ? ws.needed + first : nullptr};
+    if (fused_weights && products.weights(c.Queries(products.q_format, first, rows), tile, s,
+                                          c.softmax.logit_scale, c.State(first), ws.tile)) {
+      TileLogits weights = s;
+      weights.bf16_weights = true;
+      products.pv(weights, tile, c.State(first), ws.tile);
+      continue;
+    }
     products.logits(c.Queries(products.q_format, first, rows), tile, s, ws.tile);
     softmax_rows(first, rows);
     products.pv(s, tile, c.State(first), ws.tile);

@@ -190,6 +190,9 @@ struct TileLogits {
   // (docs/contract.md §1: a vanishing mask), so its logits there need not be
   // written, and its weights there are 0.
   const int32_t* needed = nullptr;
+  // s holds the rows' softmax weights already, bf16 in pv's layout
+  // (ProductKernel::weights wrote them), not logits.
+  bool bf16_weights = false;
 };
 
 // The keys rows [r, r + rows) of s need: n, or with TileLogits::needed the
@@ -258,6 +261,18 @@ struct ProductKernel {
   // acc_r += sum_i p[r][i] v_i for r < p.rows (weights 0 at keys >= n).
   void (*pv)(const TileLogits& p, const KvTile& tile, const SoftmaxState& state,
              const TileScratch& scratch);
+  // Null, or the softmax fused into the logits: the weights of rows [0,
+  // q.rows) (at most kRowChunk) straight from the products into s, bf16 in
+  // pv's layout (TileLogits::bf16_weights), and the rows' m and l updated,
+  // their accumulators rescaled. Only for tiles whose rows mask no key but
+  // those after their last (TileLogits::needed) and need no soft cap, ALiBi
+  // or custom mask: RunHeadTile checks. Returns false, with no state
+  // touched, where the reference's special cases arise (a NaN or +inf
+  // logit, a row whose keys so far are all -inf): logits, softmax and pv
+  // then take the rows.
+  bool (*weights)(const QueryRows& q, const KvTile& tile, const TileLogits& s,
+                  float logit_scale, const SoftmaxState& state,
+                  const TileScratch& scratch) = nullptr;
 };
 
 // A fused tile, specialised for one K/V dtype as ProductKernel is: logits,
