@@ -199,7 +199,8 @@ RPA_AVX512_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
 // merges need them consistent, not m the maximum).
 constexpr float kLazyLag2 = 8.0f;  // In log2 units, as WeightsBlock's t.
 
-// 2^t in the lanes of keep (0 in the others and below 2^-125): n = round(t),
+// 2^t in the lanes of keep (0 in the others and below 2^-125; NaN stays
+// NaN): n = round(t),
 // 2^(t - n) by a degree-5 polynomial fitted to it over [-1/2, 1/2]
 // (relative error 2e-7 in f32), times 2^n by vscalefps. WeightsBlock's exp:
 // with the logit's scale, log2 e and the row's reference folded into the
@@ -211,7 +212,8 @@ RPA_AVX512_BF16_TARGET inline __m512 Exp2(__m512 t, __mmask16 keep) {
   constexpr float kPoly[6] = {1.0000001192092896f,  0.6931470036506653f,
                               0.24022118747234344f, 0.05550695210695267f,
                               0.009675590321421623f, 0.001328230369836092f};
-  const __mmask16 normal = _mm512_mask_cmp_ps_mask(keep, t, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+  // Not below -125 (NaN included: it stays NaN, which the sums show).
+  const __mmask16 normal = _mm512_mask_cmp_ps_mask(keep, t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
   __m512 poly = _mm512_set1_ps(kPoly[5]);
@@ -244,66 +246,98 @@ RPA_AVX512_BF16_TARGET void RescaleWeights(uint16_t* w, int64_t j0, float a) {
   }
 }
 
-// Rows [0, kRows) of a.q: each 32-key block's logits as LogitsBlock's, then
-// in registers scaled, the row's reference raised where a logit passes it
-// by more than the lag, e^(logit - reference) for the keys the row sees (0 past
-// them), summed, and stored as bf16 at w + r * w_stride. False: a +inf or
-// NaN logit (the caller declines the chunk).
+// A row's first reference (its state had none: -inf): the largest logit
+// of the block that it sees; still -inf where all are (the commit then
+// declines). False: one is +inf or NaN.
+RPA_AVX512_BF16_TARGET inline bool FirstReference(__m512 x0, __m512 x1, __mmask16 valid0,
+                                                  __mmask16 valid1, LazyRow& row) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(neg_inf, valid0, x0),
+                                                       _mm512_mask_mov_ps(neg_inf, valid1, x1)));
+  if (!(top < std::numeric_limits<float>::infinity())) return false;
+  row.ref = top;
+  return true;
+}
+
+// Where a row's t (below) passes the lag in block j0: its reference raised
+// by the largest, its weights so far and their sum scaled down to match, its
+// t lowered. False: that largest is +inf or NaN.
+RPA_AVX512_BF16_TARGET inline bool RaiseReference(__m512& t0, __m512& t1, __mmask16 valid0,
+                                                  __mmask16 valid1, int64_t j0, uint16_t* w,
+                                                  LazyRow& row) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(neg_inf, valid0, t0),
+                                                       _mm512_mask_mov_ps(neg_inf, valid1, t1)));
+  if (top <= kLazyLag2) return true;  // Another row's.
+  if (!(top < std::numeric_limits<float>::infinity())) return false;
+  const float rescale = std::exp2(-top);
+  RescaleWeights(w, j0, rescale);
+  row.sum = _mm512_mul_ps(row.sum, _mm512_set1_ps(rescale));
+  row.ref += top * 0.693147181f;  // ln 2: t is in log2 units.
+  t0 = _mm512_sub_ps(t0, _mm512_set1_ps(top));
+  t1 = _mm512_sub_ps(t1, _mm512_set1_ps(top));
+  return true;
+}
+
+// Rows [0, kRows) of a.q, per 32-key block: the dot products (BlockDots),
+// then in registers t = (logit - reference) log2 e, the references raised
+// where a t passes the lag (one test per block), 2^t for the keys each row
+// sees (0 past them) summed into the row's sum and stored as bf16 at w + r
+// * w_stride. A NaN logit makes the sum NaN (Exp2 keeps it); false: a +inf
+// or NaN logit where a reference was set or raised.
 template <int kRows>
 RPA_AVX512_BF16_TARGET bool WeightsBlock(const LogitsBlockArgs& a, float logit_scale,
                                          uint16_t* w, int64_t w_stride, LazyRow* rows) {
+  constexpr float kLog2E = 1.44269504f;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
   int64_t keys = 0;
   for (int r = 0; r < kRows; ++r) keys = std::max(keys, rows[r].keys);
-  constexpr float kLog2E = 1.44269504f;
   const __m512 scale = _mm512_set1_ps(logit_scale);
-  // t = (logit - reference) log2 e = dot * scale_log2e + shift.
   const __m512 scale_log2e = _mm512_set1_ps(logit_scale * kLog2E);
-  // NaN where any logit a row sees was NaN (or +inf beside -inf).
-  __m512 probe = _mm512_setzero_ps();
   for (int64_t j0 = 0; j0 < keys; j0 += 32) {
-    __m512 acc0[kRows], acc1[kRows];
-    BlockDots<kRows>(a, j0, acc0, acc1);
+    __m512 t0[kRows], t1[kRows];  // The dots, then t.
+    BlockDots<kRows>(a, j0, t0, t1);
+    __mmask16 valid0[kRows], valid1[kRows];
+    __m512 top = _mm512_set1_ps(-kInf);  // The block's largest t, over the keys seen.
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       LazyRow& row = rows[r];
-      const __mmask16 valid0 = Lanes16(row.keys - j0), valid1 = Lanes16(row.keys - j0 - 16);
-      __m512 shift = _mm512_set1_ps(-row.ref * kLog2E);  // +inf before the first reference.
-      __m512 t0 = _mm512_fmadd_ps(acc0[r], scale_log2e, shift);
-      __m512 t1 = _mm512_fmadd_ps(acc1[r], scale_log2e, shift);
-      const __m512 limit = _mm512_set1_ps(kLazyLag2);
-      if ((_mm512_mask_cmp_ps_mask(valid0, t0, limit, _CMP_GT_OQ) |
-           _mm512_mask_cmp_ps_mask(valid1, t1, limit, _CMP_GT_OQ)) != 0) {
-        constexpr float kInf = std::numeric_limits<float>::infinity();
-        const __m512 neg_inf = _mm512_set1_ps(-kInf);
-        const __m512 x0 = _mm512_mul_ps(acc0[r], scale), x1 = _mm512_mul_ps(acc1[r], scale);
-        const float top = _mm512_reduce_max_ps(_mm512_max_ps(
-            _mm512_mask_mov_ps(neg_inf, valid0, x0), _mm512_mask_mov_ps(neg_inf, valid1, x1)));
-        if (!(top < kInf)) return false;
-        const float rescale = row.ref == -kInf ? 0.0f : std::exp(row.ref - top);
-        RescaleWeights(w + r * w_stride, j0, rescale);
-        row.sum = _mm512_mul_ps(row.sum, _mm512_set1_ps(rescale));
-        row.ref = top;
-        shift = _mm512_set1_ps(-row.ref * kLog2E);
-        t0 = _mm512_fmadd_ps(acc0[r], scale_log2e, shift);
-        t1 = _mm512_fmadd_ps(acc1[r], scale_log2e, shift);
+      valid0[r] = Lanes16(row.keys - j0);
+      valid1[r] = Lanes16(row.keys - j0 - 16);
+      if (row.ref == -kInf && row.keys > j0 &&
+          !FirstReference(_mm512_mul_ps(t0[r], scale), _mm512_mul_ps(t1[r], scale), valid0[r],
+                          valid1[r], row)) {
+        return false;
       }
-      probe = _mm512_mask_add_ps(probe, valid0, probe, t0);
-      probe = _mm512_mask_add_ps(probe, valid1, probe, t1);
-      const __m512 p0 = Exp2(t0, valid0), p1 = Exp2(t1, valid1);
-      row.sum = _mm512_add_ps(row.sum, _mm512_add_ps(p0, p1));
+      const __m512 shift = _mm512_set1_ps(-row.ref * kLog2E);
+      t0[r] = _mm512_fmadd_ps(t0[r], scale_log2e, shift);
+      t1[r] = _mm512_fmadd_ps(t1[r], scale_log2e, shift);
+      top = _mm512_mask_max_ps(top, valid0[r], top, t0[r]);
+      top = _mm512_mask_max_ps(top, valid1[r], top, t1[r]);
+    }
+    if (_mm512_cmp_ps_mask(top, _mm512_set1_ps(kLazyLag2), _CMP_GT_OQ) != 0) {
+      for (int r = 0; r < kRows; ++r) {
+        if (!RaiseReference(t0[r], t1[r], valid0[r], valid1[r], j0, w + r * w_stride, rows[r])) {
+          return false;
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 p0 = Exp2(t0[r], valid0[r]), p1 = Exp2(t1[r], valid1[r]);
+      rows[r].sum = _mm512_add_ps(rows[r].sum, _mm512_add_ps(p0, p1));
       _mm512_storeu_si512(w + r * w_stride + j0,
                           reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
     }
   }
-  return _mm512_cmp_ps_mask(probe, probe, _CMP_UNORD_Q) == 0;
+  return true;
 }
 
 // Each row's state moved to its reference: m and l as SoftmaxRow leaves
 // them, the accumulator rescaled where the reference rose.
-RPA_AVX512_BF16_TARGET void CommitRow(const LazyRow& row, const SoftmaxState& state, int64_t r) {
+RPA_AVX512_BF16_TARGET void CommitRow(const LazyRow& row, float sum, const SoftmaxState& state, int64_t r) {
   if (row.keys <= 0) return;  // The row sees no key of the tile.
   const float m_old = state.m[r];
-  const float sum = _mm512_reduce_add_ps(row.sum);
   state.m[r] = row.ref;
   if (m_old == -std::numeric_limits<float>::infinity()) {
     state.l[r] = sum;  // Its accumulator holds 0: nothing to rescale.
@@ -348,11 +382,15 @@ RPA_AVX512_BF16_TARGET bool Weights(const QueryRows& q, const KvTile& tile, cons
     ok = ok && WeightsBlock<kRows>(a, logit_scale, w + r * n32, n32, rows + r);
   });
   if (!ok) return false;
-  // A row whose keys so far were all -inf: SoftmaxRow's rules for it.
+  // A NaN logit (its weight NaN), or a row whose keys so far were all -inf:
+  // SoftmaxRow's rules for them.
+  float sums[kRowChunk];
   for (int64_t r = 0; r < q.rows; ++r) {
+    sums[r] = _mm512_reduce_add_ps(rows[r].sum);
+    if (std::isnan(sums[r])) return false;
     if (rows[r].keys > 0 && rows[r].ref == -std::numeric_limits<float>::infinity()) return false;
   }
-  for (int64_t r = 0; r < q.rows; ++r) CommitRow(rows[r], state, r);
+  for (int64_t r = 0; r < q.rows; ++r) CommitRow(rows[r], sums[r], state, r);
   return true;
 }
 
