@@ -7,10 +7,13 @@
 // value). Logits: per pair of dims, one load of 16 keys' pairs and a
 // broadcast of each row's q pair feed one vdpbf16ps per row and 16 keys;
 // PV: per pair of keys, one load of 16 dims' pairs and a broadcast of each
-// row's weight pair. The softmax between them is the task loop's (f32); its
-// weights are rounded to bf16 in place (as the AMX kernel does), the LSE
-// sums the unrounded ones. Error as amx_prefill's: the weights' bf16
-// rounding, inside the contract's bf16 tolerance.
+// row's weight pair. The softmax is fused into the logits where the tile
+// allows (Weights: each block's products become bf16 weights in registers,
+// against a lazy per-row reference, docs/kernel.md); elsewhere it is the
+// task loop's (f32) between them, its weights rounded to bf16 in place (as
+// the AMX kernel does). The LSE sums the unrounded weights either way.
+// Error as amx_prefill's: the weights' bf16 rounding, inside the contract's
+// bf16 tolerance (the fused exp adds ~1e-6 relative).
 //
 // Shapes: blocks of 8 rows x 32 keys (logits) or 32 dims (PV): 16 f32
 // accumulators, 2 loads and 8 broadcasts per 16 vdpbf16ps. q [rows,
