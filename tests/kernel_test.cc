@@ -1321,8 +1321,8 @@ TEST(KernelTest, DecodeDeclinesMidTileLikeTheReference) {
 // where its lazy reference must rise mid-tile (logits that grow with the key,
 // so a later 32-key block passes the reference by more than its lag and the
 // row's earlier weights are rescaled) and where it declines to the
-// unfused path (a NaN, +inf or -inf K element mid-tile, in the second
-// 32-key block; a window, whose
+// unfused path (a NaN, +inf or -inf K element at key 100, the fourth
+// 32-key block of the first tile, which every row sees; a window, whose
 // masked keys before a row's first it does not take). Prefill tiles of 128
 // keys (four blocks), the causal diagonal inside them, 1-3 threads.
 TEST(KernelBf16PackedTest, FusedSoftmaxEdgesMatchReference) {
