@@ -203,9 +203,8 @@ RPA_AVX512_BF16_TARGET void PvBlock(const PvBlockArgs& a, int64_t d0) {
 constexpr float kLazyLag2 = 8.0f;  // In log2 units, as WeightsBlock's t.
 
 // 2^t in the lanes of keep (0 in the others and below 2^-125; NaN stays
-// NaN): n = round(t),
-// 2^(t - n) by a degree-5 polynomial fitted to it over [-1/2, 1/2]
-// (relative error 2e-7 in f32), times 2^n by vscalefps. WeightsBlock's exp:
+// NaN): n = round(t), 2^(t - n) by a degree-5 polynomial fitted to it over
+// [-1/2, 1/2] (relative error 2e-7 in f32), times 2^n by vscalefps. WeightsBlock's exp:
 // with the logit's scale, log2 e and the row's reference folded into the
 // one multiply-add that makes t, it takes half the instructions of
 // ExpNonPositive (the softmax's exp, whose two-step ln 2 reduction and
@@ -216,7 +215,8 @@ RPA_AVX512_BF16_TARGET inline __m512 Exp2(__m512 t, __mmask16 keep) {
                               0.24022118747234344f, 0.05550695210695267f,
                               0.009675590321421623f, 0.001328230369836092f};
   // Not below -125 (NaN included: it stays NaN, which the sums show).
-  const __mmask16 normal = _mm512_mask_cmp_ps_mask(keep, t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
+  const __mmask16 normal =
+      _mm512_mask_cmp_ps_mask(keep, t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
   __m512 poly = _mm512_set1_ps(kPoly[5]);
@@ -233,11 +233,13 @@ struct LazyRow {
   int64_t keys;
 };
 
-// A row's bf16 weights [0, j0) (Pv's layout) times a, where its reference
-// rose at key block j0.
+// 16 bf16 as f32.
 RPA_AVX512_BF16_TARGET inline __m512 WidenBf16(__m256i half) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
+
+// A row's bf16 weights [0, j0) (Pv's layout) times a, where its reference
+// rose at key block j0 (rounded to bf16 again: a second rounding, rare).
 RPA_AVX512_BF16_TARGET void RescaleWeights(uint16_t* w, int64_t j0, float a) {
   const __m512 va = _mm512_set1_ps(a);
   for (int64_t i = 0; i < j0; i += 32) {
@@ -338,7 +340,8 @@ RPA_AVX512_BF16_TARGET bool WeightsBlock(const LogitsBlockArgs& a, float logit_s
 
 // Each row's state moved to its reference: m and l as SoftmaxRow leaves
 // them, the accumulator rescaled where the reference rose.
-RPA_AVX512_BF16_TARGET void CommitRow(const LazyRow& row, float sum, const SoftmaxState& state, int64_t r) {
+RPA_AVX512_BF16_TARGET void CommitRow(const LazyRow& row, float sum, const SoftmaxState& state,
+                                      int64_t r) {
   if (row.keys <= 0) return;  // The row sees no key of the tile.
   const float m_old = state.m[r];
   state.m[r] = row.ref;
