@@ -37,6 +37,7 @@
 
 #include "kernel/avx512_common.h"
 #include "kernel/bf16_pairs.h"
+#include "kernel/softmax_finish.h"
 
 namespace rpa::internal {
 namespace {
@@ -132,21 +133,27 @@ void PrepareTile(const KvTile& tile, const TileScratch& scratch) {
   Packs::Values(tile, values);
 }
 
+// The arguments of BlockDots for rows [r, ...) of q over the tile's packed
+// K (the s fields unset).
+LogitsBlockArgs DotArgs(const QueryRows& q, int64_t r, const KvTile& tile,
+                        const TileScratch& scratch) {
+  return {static_cast<const uint16_t*>(q.data) + r * q.stride,
+          q.stride,
+          PackedKeys(scratch),  // PrepareTile's.
+          AmxRoundUp(tile.n, kAmxKeyAlign),
+          AmxRoundUp(tile.head_dim, kAmxDimAlign) / 2,
+          nullptr,
+          0,
+          0};
+}
+
 template <DType kDtype>
 RPA_AVX512_BF16_TARGET void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  const uint16_t* kp = PackedKeys(scratch);  // PrepareTile's.
-  const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   ForEachRowBlock(q.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
-    LogitsBlockArgs a{static_cast<const uint16_t*>(q.data) + r * q.stride,
-                      q.stride,
-                      kp,
-                      n32,
-                      AmxRoundUp(tile.head_dim, kAmxDimAlign) / 2,
-                      nullptr,
-                      s.stride,
-                      0};
+    LogitsBlockArgs a = DotArgs(q, r, tile, scratch);
+    a.s_stride = s.stride;
     const int64_t keys = KeysNeeded(s, r, kRows, tile.n);
     for (int64_t j0 = 0; j0 < keys; j0 += 32) {
       a.s = s.s + r * s.stride + j0;
@@ -251,14 +258,20 @@ RPA_AVX512_BF16_TARGET void RescaleWeights(uint16_t* w, int64_t j0, float a) {
   }
 }
 
+// The largest lane of x0 in valid0 and of x1 in valid1 (-inf if none).
+RPA_AVX512_BF16_TARGET inline float MaskedMax(__m512 x0, __m512 x1, __mmask16 valid0,
+                                              __mmask16 valid1) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(neg_inf, valid0, x0),
+                                            _mm512_mask_mov_ps(neg_inf, valid1, x1)));
+}
+
 // A row's first reference (its state had none: -inf): the largest logit
 // of the block that it sees; still -inf where all are (the commit then
 // declines). False: one is +inf or NaN.
 RPA_AVX512_BF16_TARGET inline bool FirstReference(__m512 x0, __m512 x1, __mmask16 valid0,
                                                   __mmask16 valid1, LazyRow& row) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(neg_inf, valid0, x0),
-                                                       _mm512_mask_mov_ps(neg_inf, valid1, x1)));
+  const float top = MaskedMax(x0, x1, valid0, valid1);
   if (!(top < std::numeric_limits<float>::infinity())) return false;
   row.ref = top;
   return true;
@@ -270,9 +283,7 @@ RPA_AVX512_BF16_TARGET inline bool FirstReference(__m512 x0, __m512 x1, __mmask1
 RPA_AVX512_BF16_TARGET inline bool RaiseReference(__m512& t0, __m512& t1, __mmask16 valid0,
                                                   __mmask16 valid1, int64_t j0, uint16_t* w,
                                                   LazyRow& row) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_mask_mov_ps(neg_inf, valid0, t0),
-                                                       _mm512_mask_mov_ps(neg_inf, valid1, t1)));
+  const float top = MaskedMax(t0, t1, valid0, valid1);
   if (top <= kLazyLag2) return true;  // Another row's.
   if (!(top < std::numeric_limits<float>::infinity())) return false;
   const float rescale = std::exp2(-top);
@@ -338,19 +349,12 @@ RPA_AVX512_BF16_TARGET bool WeightsBlock(const LogitsBlockArgs& a, float logit_s
   return true;
 }
 
-// Each row's state moved to its reference: m and l as SoftmaxRow leaves
-// them, the accumulator rescaled where the reference rose.
+// Each row's state moved to its reference (MoveToReference, as SoftmaxRow
+// does), the accumulator rescaled where the reference rose.
 RPA_AVX512_BF16_TARGET void CommitRow(const LazyRow& row, float sum, const SoftmaxState& state,
                                       int64_t r) {
   if (row.keys <= 0) return;  // The row sees no key of the tile.
-  const float m_old = state.m[r];
-  state.m[r] = row.ref;
-  if (m_old == -std::numeric_limits<float>::infinity()) {
-    state.l[r] = sum;  // Its accumulator holds 0: nothing to rescale.
-    return;
-  }
-  const float alpha = std::exp(m_old - row.ref);
-  state.l[r] = state.l[r] * alpha + sum;
+  const float alpha = MoveToReference(row.ref, sum, state.m + r, state.l + r);
   if (alpha == 1.0f) return;
   float* acc = state.acc + r * state.stride;
   for (int64_t d = 0; d < state.stride; d += 16) {
@@ -372,20 +376,12 @@ RPA_AVX512_BF16_TARGET bool Weights(const QueryRows& q, const KvTile& tile, cons
     if (std::isnan(state.m[r])) return false;  // A poisoned row: SoftmaxRow's.
     rows[r] = {state.m[r], _mm512_setzero_ps(), s.needed != nullptr ? s.needed[r] : tile.n};
   }
-  const uint16_t* kp = PackedKeys(scratch);  // PrepareTile's.
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
   uint16_t* w = reinterpret_cast<uint16_t*>(s.s);
   bool ok = true;
   ForEachRowBlock(q.rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
-    const LogitsBlockArgs a{static_cast<const uint16_t*>(q.data) + r * q.stride,
-                            q.stride,
-                            kp,
-                            n32,
-                            AmxRoundUp(tile.head_dim, kAmxDimAlign) / 2,
-                            nullptr,
-                            0,
-                            0};
-    ok = ok && WeightsBlock<kRows>(a, logit_scale, w + r * n32, n32, rows + r);
+    ok = ok && WeightsBlock<kRows>(DotArgs(q, r, tile, scratch), logit_scale, w + r * n32, n32,
+                                   rows + r);
   });
   if (!ok) return false;
   // A NaN logit (its weight NaN), or a row whose keys so far were all -inf:

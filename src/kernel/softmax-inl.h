@@ -27,6 +27,7 @@
 #include "kernel/avx512_common.h"  // x86-64 only: its AVX-512 exp.
 #include "kernel/exp_non_positive.h"
 #include "kernel/highway_load-inl.h"
+#include "kernel/softmax_finish.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace rpa::internal {
@@ -226,14 +227,9 @@ HWY_INLINE void SoftmaxRow(const SoftmaxParams& sp, const RowKeys& keys, float* 
     hn::StoreU(p, df, s + i);
   }
   for (int64_t i = read_pad; i < n_pad; i += lanes) hn::StoreU(hn::Zero(df), df, s + i);
-  const bool first = m_old == -std::numeric_limits<float>::infinity();
-  const float alpha = first ? 0.0f : std::exp(m_old - m_new);
-  *m = m_new;
-  *l = *l * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
-  // Before the first finite maximum every weight was 0: the accumulator
-  // holds 0 (or NaN from 0 x NaN, which 0 x NaN keeps), so its rescale by 0
-  // is skipped: most rows of a chunked prefill see a single tile.
-  if (alpha != 1.0f && !first) {
+  // Most rows of a chunked prefill see a single tile: no rescale.
+  const float alpha = MoveToReference(m_new, hn::GetLane(hn::SumOfLanes(df, vsum)), m, l);
+  if (alpha != 1.0f) {
     const VF va = hn::Set(df, alpha);
     for (int64_t d = 0; d < dim_pad; d += lanes) {
       hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), va), df, acc + d);

@@ -1,6 +1,7 @@
-// The end of a row's online softmax, written once for the task loop (rows a
-// task owns whole) and the merge of split tasks (rows whose keys several
-// tasks shared).
+// The state rules of a row's online softmax, written once: moving it to a
+// new reference (the unfused softmax and avx512_bf16_packed's fused one),
+// and its end, for the task loop (rows a task owns whole) and the merge of
+// split tasks (rows whose keys several tasks shared).
 //
 // The state (m, l) of a row: m the largest logit seen, l the sum of
 // e^(logit - m). Special values, as the softmax writes them (softmax-inl.h):
@@ -25,6 +26,24 @@ struct FinishedRow {
   float out_scale;  // Multiplies the accumulator row into the output row.
   float lse;        // The row's log-sum-exp (natural log).
 };
+
+// The row's (m, l) moved to the reference m_new (>= m, finite) after a
+// tile's weights e^(logit - m_new) summing to `sum`. Returns the factor its
+// accumulator must be multiplied by, 1 where it must stay: before the first
+// finite reference every weight was 0, so the accumulator holds 0 (or NaN
+// from 0 x NaN, which a product by 0 would keep), and l (0, or -0 marking a
+// row of -inf logits) is replaced by the sum.
+inline float MoveToReference(float m_new, float sum, float* m, float* l) {
+  const float m_old = *m;
+  *m = m_new;
+  if (m_old == -std::numeric_limits<float>::infinity()) {
+    *l = sum;
+    return 1.0f;
+  }
+  const float alpha = std::exp(m_old - m_new);
+  *l = *l * alpha + sum;
+  return alpha;
+}
 
 // sink: the row's q head's sink logit, or null; v_scale: the V scale (and
 // whatever unit the accumulator is in).
