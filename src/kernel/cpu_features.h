@@ -31,11 +31,12 @@ struct CpuFeatures {
   bool amx_bf16 = false;
   // Decode's next-tile prefetches go in address order into L1: a token's
   // rows of every kv head together, dealt out to the passes
-  // (next_tile_rows.h), where the hardware then streams them (AMD: one Zen 5
+  // (next_tile_rows.h), where the hardware then streams them (one Zen 5
   // core read 27-28 GB/s that way against 16-18 per head). Without it each
-  // kv head's pass prefetches its own rows into L2: on Intel Sapphire
-  // Rapids that order is the faster (decode 1.25-1.33x, docs/kernel_log.md
-  // 2026-12-06). A vendor rule, as fast_bf16_dot's.
+  // kv head's pass prefetches its own rows into L2: on Zen 4 that order is
+  // the faster (decode 1.6x, docs/kernel_log.md 2026-12-07 sixth session),
+  // on Intel Sapphire Rapids too (1.25-1.33x, 2026-12-06). A CPU rule, as
+  // fast_bf16_dot's: AMD family 0x1A (Zen 5) and later.
   bool prefetch_in_address_order = false;
   // Tests only: the AMX kernel's scalar tile model stands in for the tiles
   // (testing/amx_emulation.h), so its whole path runs where AMX is absent.
@@ -85,7 +86,7 @@ class ScopedCpuFeatureMask {
 };
 
 // Tests only: the vendor rules (fast_bf16_dot, prefetch_in_address_order)
-// as on AMD's CPUs (amd true) or on the others', for this object's
+// as on AMD's Zen 5 (amd true) or on Intel's CPUs, for this object's
 // lifetime on the constructing thread. Both rules choose between
 // instructions this CPU has (fast_bf16_dot still needs AVX-512 BF16), for
 // speed, so the paths they pick run on any machine; a mask still hides

@@ -12,7 +12,7 @@ namespace rpa::internal {
 
 // Where a task over several kv heads prefetches the next tile's rows: in
 // address order where the CPU streams them best that way
-// (CpuFeatures::prefetch_in_address_order: AMD) and a token's rows of every
+// (CpuFeatures::prefetch_in_address_order: Zen 5) and a token's rows of every
 // kv head lie together (the combined cache, and NHD caches); one kv head's
 // rows at a time otherwise (other CPUs; HND, heads outermost in a page).
 //
@@ -22,7 +22,8 @@ namespace rpa::internal {
 // pass prefetching its own head's rows, a token (4 KiB) apart, makes the
 // requests a sequential stream: 27-28 GB/s against 16-18 on one Zen 5 core
 // for the same rows and the same number of prefetches (docs/kernel_log.md).
-// On Intel Sapphire Rapids the same order made decode 1.25-1.33x slower.
+// On Zen 4 the same order made decode 1.6x slower, on Intel Sapphire Rapids
+// 1.25-1.33x.
 struct NextTileRows {
   const uint8_t** rows = nullptr;  // [2 * heads * n]: token-major, then K, V of each head.
   int64_t n = 0;                   // Keys of the next tile.

@@ -48,8 +48,8 @@ inline constexpr int64_t kDecodeMaxRows = 8;
 // Query tiles with at most this many rows per kv head (decode, and the
 // middle class's speculative verification of up to 4 tokens x 4 q heads)
 // are one task over every kv head: K/V are read whole token rows at a time,
-// and the next tile is prefetched in address order (task_loop-inl.h,
-// NextTileRows). Verify (16 rows) ran 10-20% faster so on Zen 5 than as a
+// and on CPUs that stream it best the next tile is prefetched in address
+// order (task_loop-inl.h, NextTileRows). Verify (16 rows) ran 10-20% faster so on Zen 5 than as a
 // task per kv head (docs/kernel_log.md).
 inline constexpr int64_t kMultiHeadMaxRows = 16;
 inline constexpr int64_t kPackedMinRows = 32;
