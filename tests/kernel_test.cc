@@ -456,7 +456,7 @@ TEST(KernelAmxTest, PrefillGridMatchesReference) {
 // rules, forced on other CPUs with AVX-512 BF16; AMX hidden).
 TEST(KernelBf16PackedTest, PrefillGridMatchesReference) {
   if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
-  ScopedVendorRules amd(/*amd=*/true);
+  ScopedCpuRules zen5(CpuRules::kZen5);
   testing::ScopedWithoutAmx hide_amx;
   CheckBf16PrefillGrid(84);
 }
@@ -505,14 +505,17 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
 // (soft caps, windows, groups of 1-2 rows), every option of the grid.
 TEST(KernelBf16RowsTest, DecodeGridMatchesReference) {
   if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
-  // AMD's rules (the bf16-pair kernels, prefetches in address order) on any
-  // CPU with AVX-512 BF16; AMX hidden (it would take the middle class).
-  ScopedVendorRules amd(/*amd=*/true);
+  // AMD's rules (the bf16-pair kernels; Zen 4 prefetches each kv head's
+  // rows, Zen 5 every head's in address order) on any CPU with AVX-512
+  // BF16; AMX hidden (it would take the middle class).
   testing::ScopedWithoutAmx hide_amx;
-  for (int queries_scale : {1, 4}) {
-    CheckDecodeGrid(85 + queries_scale,
-                    {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}, queries_scale,
-                    /*bf16_q=*/true, kAllCpuFeatures, kAllCpuFeatures);
+  for (const CpuRules rules : {CpuRules::kZen4, CpuRules::kZen5}) {
+    ScopedCpuRules amd(rules);
+    for (int queries_scale : {1, 4}) {
+      CheckDecodeGrid(85 + queries_scale + 2 * static_cast<int>(rules),
+                      {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8},
+                      queries_scale, /*bf16_q=*/true, kAllCpuFeatures, kAllCpuFeatures);
+    }
   }
 }
 
@@ -1034,7 +1037,7 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   EXPECT_EQ(report(DType::kF32, middle, false), "middle: highway_rows");
   if (DetectedCpuFeatures().avx512bf16) {
     // AMD's rules, on any CPU with AVX-512 BF16; AMX hidden.
-    ScopedVendorRules amd(/*amd=*/true);
+    ScopedCpuRules zen5(CpuRules::kZen5);
     testing::ScopedWithoutAmx hide_amx;
     EXPECT_EQ(report(DType::kBF16, prefill, false, DType::kBF16), "prefill: avx512_bf16_packed");
     EXPECT_EQ(report(DType::kF8E5M2, prefill, true, DType::kBF16), "prefill: avx512_bf16_packed");
@@ -1327,7 +1330,7 @@ TEST(KernelTest, DecodeDeclinesMidTileLikeTheReference) {
 // keys (four blocks), the causal diagonal inside them, 1-3 threads.
 TEST(KernelBf16PackedTest, FusedSoftmaxEdgesMatchReference) {
   if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
-  ScopedVendorRules amd(/*amd=*/true);
+  ScopedCpuRules zen5(CpuRules::kZen5);
   testing::ScopedWithoutAmx hide_amx;
   enum class Edit { kRising, kNaN, kInf, kNegInf, kWindow };
   for (const Edit edit : {Edit::kRising, Edit::kNaN, Edit::kInf, Edit::kNegInf, Edit::kWindow}) {
@@ -1376,7 +1379,7 @@ TEST(KernelBf16PackedTest, FusedSoftmaxEdgesMatchReference) {
 // that end tiles mid-way, a soft cap (the products alone), 1-4 threads.
 TEST(KernelBf16LanesTest, EdgesMatchReference) {
   if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
-  ScopedVendorRules amd(/*amd=*/true);
+  ScopedCpuRules zen5(CpuRules::kZen5);
   testing::ScopedWithoutAmx hide_amx;
   for (const DType kv : {DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}) {
     for (const int64_t head_dim : {int64_t{264}, int64_t{257}, int64_t{33}, int64_t{1}}) {
@@ -1408,7 +1411,7 @@ TEST(KernelBf16LanesTest, EdgesMatchReference) {
 // every logit NaN instead of one output dimension infinite.
 TEST(KernelBf16LanesTest, OddHeadDimReadsNothingPastTheRow) {
   if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
-  ScopedVendorRules amd(/*amd=*/true);
+  ScopedCpuRules zen5(CpuRules::kZen5);
   testing::ScopedWithoutAmx hide_amx;
   for (const int64_t head_dim : {int64_t{33}, int64_t{1}}) {
     Case c = Fixed({{4, 40}}, DType::kBF16, 1);

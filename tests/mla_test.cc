@@ -198,7 +198,7 @@ TEST(MlaTest, MatchesTheFloat64ReferenceOverTheGrid) {
     if (internal::DetectedCpuFeatures().avx512bf16) {
       // AMD's rules (the bf16-pair kernel for bf16 q) on any CPU with
       // AVX-512 BF16, AMX hidden.
-      const internal::ScopedVendorRules amd(/*amd=*/true);
+      const internal::ScopedCpuRules zen5(internal::CpuRules::kZen5);
       const testing::ScopedWithoutAmx hide_amx;
       MlaPlan pairs;
       pairs.Plan(b.Shape(), b.PageTable(), options);

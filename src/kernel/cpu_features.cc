@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <utility>
 
 #if defined(__x86_64__)
@@ -151,8 +152,8 @@ const Detection& Detected() {
 
 thread_local CpuFeatures t_allowed = kAllCpuFeatures;
 thread_local bool t_amx_emulated = false;
-// ScopedVendorRules: -1 the CPU's own rules, 0 the non-AMD ones, 1 AMD's.
-thread_local int t_vendor_amd = -1;
+// ScopedCpuRules: the rules this thread's dispatch follows; none: the CPU's own.
+thread_local std::optional<CpuRules> t_rules;
 
 }  // namespace
 
@@ -221,9 +222,9 @@ const std::string& AmxDetection() { return Detected().amx_reason; }
 CpuFeatures UsableCpuFeatures() {
   CpuFeatures f = DetectedCpuFeatures();
   if (t_amx_emulated && f.avx512bf16) f.amx_bf16 = f.amx_emulated = true;
-  if (t_vendor_amd >= 0) {
-    f.fast_bf16_dot = t_vendor_amd == 1 && f.avx512bf16;
-    f.prefetch_in_address_order = t_vendor_amd == 1;
+  if (t_rules.has_value()) {
+    f.fast_bf16_dot = *t_rules != CpuRules::kIntel && f.avx512bf16;
+    f.prefetch_in_address_order = *t_rules == CpuRules::kZen5;
   }
   f = f & t_allowed;
   // A mask that hides a feature hides what builds on it (so no mask can
@@ -244,8 +245,8 @@ ScopedCpuFeatureMask::ScopedCpuFeatureMask(const CpuFeatures& allowed) : saved_(
 
 ScopedCpuFeatureMask::~ScopedCpuFeatureMask() { t_allowed = saved_; }
 
-ScopedVendorRules::ScopedVendorRules(bool amd) : saved_(std::exchange(t_vendor_amd, amd ? 1 : 0)) {}
+ScopedCpuRules::ScopedCpuRules(CpuRules rules) : saved_(std::exchange(t_rules, rules)) {}
 
-ScopedVendorRules::~ScopedVendorRules() { t_vendor_amd = saved_; }
+ScopedCpuRules::~ScopedCpuRules() { t_rules = saved_; }
 
 }  // namespace rpa::internal

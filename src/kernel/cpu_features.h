@@ -7,6 +7,8 @@
 #ifndef RPA_SRC_KERNEL_CPU_FEATURES_H_
 #define RPA_SRC_KERNEL_CPU_FEATURES_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "rpa/kernels.h"
@@ -85,21 +87,24 @@ class ScopedCpuFeatureMask {
   CpuFeatures saved_;
 };
 
-// Tests only: the vendor rules (fast_bf16_dot, prefetch_in_address_order)
-// as on AMD's Zen 5 (amd true) or on Intel's CPUs, for this object's
+// The kinds of CPU whose rules (fast_bf16_dot, prefetch_in_address_order)
+// differ: Intel's (neither), Zen 4's (the bf16 dot product), Zen 5's (both).
+enum class CpuRules : uint8_t { kIntel, kZen4, kZen5 };
+
+// Tests only: the CPU rules as on `rules`' kind of CPU, for this object's
 // lifetime on the constructing thread. Both rules choose between
 // instructions this CPU has (fast_bf16_dot still needs AVX-512 BF16), for
 // speed, so the paths they pick run on any machine; a mask still hides
 // them.
-class ScopedVendorRules {
+class ScopedCpuRules {
  public:
-  explicit ScopedVendorRules(bool amd);
-  ~ScopedVendorRules();
-  ScopedVendorRules(const ScopedVendorRules&) = delete;
-  ScopedVendorRules& operator=(const ScopedVendorRules&) = delete;
+  explicit ScopedCpuRules(CpuRules rules);
+  ~ScopedCpuRules();
+  ScopedCpuRules(const ScopedCpuRules&) = delete;
+  ScopedCpuRules& operator=(const ScopedCpuRules&) = delete;
 
  private:
-  int saved_;
+  std::optional<CpuRules> saved_;
 };
 
 // Tests only (testing/amx_emulation.h's ScopedAmxEmulation): whether this
