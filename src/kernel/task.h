@@ -49,8 +49,9 @@ inline constexpr int64_t kDecodeMaxRows = 8;
 // middle class's speculative verification of up to 4 tokens x 4 q heads)
 // are one task over every kv head: K/V are read whole token rows at a time,
 // and on CPUs that stream it best the next tile is prefetched in address
-// order (task_loop-inl.h, NextTileRows). Verify (16 rows) ran 10-20% faster so on Zen 5 than as a
-// task per kv head (docs/kernel_log.md).
+// order (task_loop-inl.h, NextTileRows). Verify (16 rows) ran 10-20% faster
+// so on Zen 5 than as a task per kv head, 1.3-1.4x on Zen 4 (per-head
+// prefetch; docs/kernel_log.md).
 inline constexpr int64_t kMultiHeadMaxRows = 16;
 inline constexpr int64_t kPackedMinRows = 32;
 
