@@ -283,7 +283,7 @@ inline void ReadLines(const uint8_t* r, uint64_t* bits) {
 // rows, then its V rows: row c of a token, c = 2h for K and 2h + 1 for V,
 // in order of c), one load per cache line and no arithmetic, with the next
 // tile's rows prefetched as WalkTiles' NextTileRows does: range(1) 0 in
-// address order into L1 (AMD's rule), 1 each pass its own kv head's rows
+// address order into L1 (Zen 5's rule), 1 each pass its own kv head's rows
 // into L2 (other CPUs'), 2 none (the hardware prefetchers alone). Its time
 // bounds the decode call from below on this access pattern, whatever the
 // kernel computes. range(0): threads.
