@@ -55,11 +55,18 @@ std::string AmxFailure(bool avx512bf16) {
   return "";
 }
 
-bool IsAmd() {
-  unsigned eax = 0, vendor[3] = {0, 0, 0};
-  __cpuid(0, eax, vendor[0], vendor[2], vendor[1]);  // EBX, EDX, ECX spell the vendor.
-  return std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+// CPUID leaf 0's vendor string ("AuthenticAMD", "GenuineIntel").
+std::string CpuidVendor() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __cpuid(0, eax, ebx, ecx, edx);
+  char vendor[13] = {};  // EBX, EDX, ECX spell it.
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  return vendor;
 }
+
+bool IsAmd() { return CpuidVendor() == "AuthenticAMD"; }
 
 struct FamilyModel {
   int family = 0;
@@ -196,13 +203,7 @@ CpuInfo Identify() {
   id.model_name = ProcModelName();
   id.features = DetectedCpuFeatures().ToString();
 #if RPA_HAVE_X86
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  __cpuid(0, eax, ebx, ecx, edx);
-  char vendor[13] = {};
-  std::memcpy(vendor, &ebx, 4);
-  std::memcpy(vendor + 4, &edx, 4);
-  std::memcpy(vendor + 8, &ecx, 4);
-  id.vendor = vendor;
+  id.vendor = CpuidVendor();
   const FamilyModel fm = CpuidFamilyModel();
   id.family = fm.family;
   id.model = fm.model;
