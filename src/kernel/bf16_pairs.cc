@@ -147,31 +147,28 @@ void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
 namespace {
 
 // rows (after prefetching the next tile's, `next`, where kNext says so)
-// packed by kPack into scratch.packed.
+// packed by kPack at out.
 template <DType kDtype, void (*kPack)(const AmxPackArgs&), NextTilePrefetch kNext>
-const uint16_t* PackTile(const KvRows& rows, const KvRows& next, const KvTile& tile,
-                         const TileScratch& scratch) {
+void PackTile(const KvRows& rows, const KvRows& next, const KvTile& tile,
+              const TileScratch& scratch, uint16_t* out) {
   if constexpr (kNext == NextTilePrefetch::kUpFront) {
     PrefetchRows(next, 0, next.count, tile.row_bytes);
   }
-  uint16_t* packed = reinterpret_cast<uint16_t*>(scratch.packed);
   if (tile.n > 0 && tile.head_dim > 0) {
     for (int64_t i = 0; i < rows.count; ++i) scratch.row_pointers[i] = rows[i];
-    kPack({kDtype, scratch.row_pointers, tile.n, tile.head_dim, packed});
+    kPack({kDtype, scratch.row_pointers, tile.n, tile.head_dim, out});
   }
-  return packed;
 }
 
 }  // namespace
 
 template <DType kDtype, NextTilePrefetch kNext>
-const uint16_t* TilePacks<kDtype, kNext>::Keys(const KvTile& tile, const TileScratch& scratch) {
-  return PackTile<kDtype, PackKeysImpl<kDtype>, kNext>(tile.k, tile.k_next, tile, scratch);
-}
-
-template <DType kDtype, NextTilePrefetch kNext>
-const uint16_t* TilePacks<kDtype, kNext>::Values(const KvTile& tile, const TileScratch& scratch) {
-  return PackTile<kDtype, PackValuesImpl<kDtype>, kNext>(tile.v, tile.v_next, tile, scratch);
+void TilePacks<kDtype, kNext>::KeysAndValues(const KvTile& tile, const TileScratch& scratch) {
+  static_assert(kAmxDimAlign == kDimAlign && kAmxVDimAlign <= kDimAlign);
+  PackTile<kDtype, PackKeysImpl<kDtype>, kNext>(tile.k, tile.k_next, tile, scratch,
+                                                 PackedTileKeys(scratch));
+  PackTile<kDtype, PackValuesImpl<kDtype>, kNext>(tile.v, tile.v_next, tile, scratch,
+                                                   PackedTileValues(tile, scratch));
 }
 
 #define RPA_DEFINE_TILE_PACKS(kNext)                           \

@@ -56,17 +56,27 @@ void AmxPackValues(const AmxPackArgs& args);
 void AmxWeightsToBf16(const float* p, int64_t p_stride, int64_t rows, int64_t n,
                       uint16_t* p_bf16);
 
-// The kernels' tile steps, each instance for K/V of kDtype (bf16, e4m3fn,
-// e5m2 or int8): the tile's K (or V) rows packed as AmxPackKeys (or
-// AmxPackValues) packs them into scratch.packed; returns the packed tile.
-// With kNext = kUpFront the next tile's rows (KvTile::k_next, v_next) are
-// prefetched first (avx512_bf16_packed, tuned on Zen 5); amx_prefill takes
-// kNone (NextTilePrefetch, tile_kernel.h). The packs' own prefetch
+// A tile's packs side by side in TileScratch::packed, K's then V's:
+// [dim_pad / 2][n32][2] and [n32 / 2][d16][2] bf16, n32 = RoundUp(n, 32)
+// (2 x n32 x dim_pad bf16 at most: the buffer's n32 x dim_pad f32).
+inline uint16_t* PackedTileKeys(const TileScratch& scratch) {
+  return reinterpret_cast<uint16_t*>(scratch.packed);
+}
+inline uint16_t* PackedTileValues(const KvTile& tile, const TileScratch& scratch) {
+  return PackedTileKeys(scratch) + AmxRoundUp(tile.n, kAmxKeyAlign) * scratch.dim_pad;
+}
+
+// The kernels' tile step (their ProductKernel::prepare_tile), each instance
+// for K/V of kDtype (bf16, e4m3fn, e5m2 or int8): the tile's K rows packed
+// as AmxPackKeys packs them at PackedTileKeys, its V rows as AmxPackValues
+// does at PackedTileValues, once for all the tile's row chunks. With kNext
+// = kUpFront the next tile's rows (KvTile::k_next, v_next) are prefetched
+// first (avx512_bf16_packed, tuned on Zen 5); amx_prefill takes kNone
+// (NextTilePrefetch, tile_kernel.h). The packs' own prefetch
 // kPackRowsAhead rows ahead (bf16_pairs.cc) runs in both.
 template <DType kDtype, NextTilePrefetch kNext>
 struct TilePacks {
-  static const uint16_t* Keys(const KvTile& tile, const TileScratch& scratch);
-  static const uint16_t* Values(const KvTile& tile, const TileScratch& scratch);
+  static void KeysAndValues(const KvTile& tile, const TileScratch& scratch);
 };
 #define RPA_DECLARE_TILE_PACKS(kNext)                                  \
   extern template struct TilePacks<DType::kBF16, kNext>;              \

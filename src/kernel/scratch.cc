@@ -72,6 +72,8 @@ size_t LayoutScratch(const ScratchShape& shape, float* base, WorkerScratch* out)
   s.tile.dim_pad = dim_pad;
   s.tile.packed = take(RoundUp(shape.kv_block, kPackedTokenAlign) * dim_pad);
   s.tile.row_pointers = reinterpret_cast<const void**>(take(token_pad * kPointerFloats));
+  s.tile.tail_rows = take(kRowAlign * dim_pad);
+  s.tile.logits = take(kRowChunk * RoundUp(shape.kv_block, kPackedTokenAlign));
   if (SizeOf(shape.kv_dtype) == 1) {
     s.tile.kv_bf16 = reinterpret_cast<uint16_t*>(take(token_pad * dim_pad / 2));
     s.tile.converted = reinterpret_cast<const uint8_t**>(take(token_pad * kPointerFloats));

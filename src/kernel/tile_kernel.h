@@ -221,6 +221,12 @@ struct TileScratch {
   uint16_t* kv_bf16 = nullptr;  // [token_pad, dim_pad] 8-bit K/V rows as bf16 (else null).
   const uint8_t** converted = nullptr;  // [token_pad] pointers to kv_bf16's rows.
   const void** row_pointers = nullptr;  // [token_pad] a tile's K or V rows as pointers.
+  // [16, dim_pad] f32: a partial 16-row AMX tile's accumulator rows padded
+  // with zero rows (amx_prefill's pv).
+  float* tail_rows = nullptr;
+  // [kRowChunk, RoundUp(kv_block, 32)] f32: a row chunk's logits where a
+  // kernel's fused softmax reads them back from memory (amx_prefill's weights).
+  float* logits = nullptr;
 };
 
 // Stores f32 query row q [dim_pad] in a kernel's format at out; returns the
