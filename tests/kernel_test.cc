@@ -1320,18 +1320,16 @@ TEST(KernelTest, DecodeDeclinesMidTileLikeTheReference) {
   }
 }
 
-// avx512_bf16_packed's softmax fused into its logits (ProductKernel::weights)
-// where its lazy reference must rise mid-tile (logits that grow with the key,
-// so a later 32-key block passes the reference by more than its lag and the
-// row's earlier weights are rescaled) and where it declines to the
-// unfused path (a NaN, +inf or -inf K element at key 100, the fourth
-// 32-key block of the first tile, which every row sees; a window, whose
-// masked keys before a row's first it does not take). Prefill tiles of 128
-// keys (four blocks), the causal diagonal inside them, 1-3 threads.
-TEST(KernelBf16PackedTest, FusedSoftmaxEdgesMatchReference) {
-  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
-  ScopedCpuRules zen5(CpuRules::kZen5);
-  testing::ScopedWithoutAmx hide_amx;
+// The lazy softmax fused into a bf16-pair kernel's logits
+// (ProductKernel::weights, lazy_softmax_bf16.h) where its reference must
+// rise mid-tile (logits that grow with the key, so a later 32-key block
+// passes the reference by more than its lag and the row's earlier weights
+// are rescaled) and where it declines to the unfused path (a NaN, +inf or
+// -inf K element at key 100, the fourth 32-key block of the first tile,
+// which every row sees; a window, whose masked keys before a row's first it
+// does not take). Prefill tiles of 128 keys (four blocks), the causal
+// diagonal inside them, 1-3 threads.
+void CheckFusedSoftmaxEdges() {
   enum class Edit { kRising, kNaN, kInf, kNegInf, kWindow };
   for (const Edit edit : {Edit::kRising, Edit::kNaN, Edit::kInf, Edit::kNegInf, Edit::kWindow}) {
     for (int threads = 1; threads <= 3; ++threads) {
@@ -1370,6 +1368,25 @@ TEST(KernelBf16PackedTest, FusedSoftmaxEdgesMatchReference) {
       if (::testing::Test::HasFailure()) return;
     }
   }
+}
+
+// On avx512_bf16_packed's products in registers (AMD's rules, AMX hidden).
+TEST(KernelBf16PackedTest, FusedSoftmaxEdgesMatchReference) {
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  ScopedCpuRules zen5(CpuRules::kZen5);
+  testing::ScopedWithoutAmx hide_amx;
+  CheckFusedSoftmaxEdges();
+}
+
+// On amx_prefill's logits stored from the tiles: the tile model, and the
+// hardware's tiles where the CPU has them.
+TEST(KernelAmxTest, FusedSoftmaxEdgesMatchReference) {
+  if (!DetectedCpuFeatures().avx512bf16) GTEST_SKIP() << "the tile model needs AVX-512 BF16";
+  {
+    testing::ScopedAmxEmulation emulate;
+    CheckFusedSoftmaxEdges();
+  }
+  if (DetectedCpuFeatures().amx_bf16) CheckFusedSoftmaxEdges();
 }
 
 // The lanes kernels' edges under AMD's rules, on bf16, 8-bit float and int8
