@@ -53,7 +53,7 @@ RPA_AVX512_BF16_TARGET __attribute__((always_inline)) inline void ForEachRowBloc
 // by more, so most blocks skip the horizontal maximum. Any reference gives
 // the same softmax: m and l stay relative to it (FinishRow and the split
 // merges need them consistent, not m the maximum).
-constexpr float kLazyLag2 = 8.0f;  // In log2 units, as WeightsBlock's t.
+inline constexpr float kLazyLag2 = 8.0f;  // In log2 units, as WeightsBlock's t.
 
 // 2^t in the lanes of keep (0 in the others and below 2^-125; NaN stays
 // NaN): n = round(t), 2^(t - n) by a degree-5 polynomial fitted to it over

@@ -216,7 +216,7 @@ struct SoftmaxState {
 struct TileScratch {
   int64_t dim_pad = 0;          // RoundUp(head_dim, kDimAlign): the stride of both.
   // [RoundUp(kv_block, 32), dim_pad] f32: a packed K or V tile, or bf16 K
-  // and V side by side (avx512_bf16_packed's prepare_tile).
+  // and V side by side (the bf16-pair kernels' prepare_tile, bf16_pairs.h).
   float* packed = nullptr;
   uint16_t* kv_bf16 = nullptr;  // [token_pad, dim_pad] 8-bit K/V rows as bf16 (else null).
   const uint8_t** converted = nullptr;  // [token_pad] pointers to kv_bf16's rows.
