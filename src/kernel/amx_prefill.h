@@ -33,7 +33,6 @@
 #ifndef RPA_SRC_KERNEL_AMX_PREFILL_H_
 #define RPA_SRC_KERNEL_AMX_PREFILL_H_
 
-#include <algorithm>
 #include <cstring>
 
 #include "kernel/tile_kernel.h"
@@ -90,11 +89,9 @@ struct StoredLogits {
 };
 
 // ProductKernel::weights: the chunk's logits on the tiles into
-// TileScratch::logits (in L1: 32 rows x 256 keys are 32 KiB), then the lazy
-// softmax (lazy_softmax_bf16.h) from there to bf16 weights at s.s. That
-// softmax writes each 8-row block's weights up to the keys its rows need;
-// the rest up to what the chunk needs are zeroed here, as PV's 16-row tiles
-// read them.
+// TileScratch::logits (in L1: 32 rows x 256 keys are 32 KiB; at most
+// kRowChunk rows fit), then the lazy softmax (lazy_softmax_bf16.h) from
+// there to bf16 weights at s.s.
 template <class Unit>
 RPA_AVX512_BF16_TARGET bool Weights(const QueryRows& q, const KvTile& tile, const TileLogits& s,
                                     float logit_scale, const SoftmaxState& state,
@@ -105,22 +102,8 @@ RPA_AVX512_BF16_TARGET bool Weights(const QueryRows& q, const KvTile& tile, cons
   Unit::Logits({static_cast<const uint16_t*>(q.data), q.stride, q.rows,
                 PackedTileKeys(scratch),  // prepare_tile's.
                 tile.n, tile.head_dim, scratch.logits, n32});
-  if (!lazy_softmax::Weights(StoredLogits{scratch.logits, n32, tile.n}, q.rows, tile.n, s,
-                             logit_scale, state)) {
-    return false;
-  }
-  if (s.needed != nullptr) {
-    const int64_t chunk_keys = AmxRoundUp(KeysNeeded(s, 0, q.rows, tile.n), kAmxKeyAlign);
-    uint16_t* w = reinterpret_cast<uint16_t*>(s.s);
-    for (int64_t r = 0; r < q.rows; r += lazy_softmax::kBlockRows) {
-      const int64_t rows = std::min<int64_t>(lazy_softmax::kBlockRows, q.rows - r);
-      const int64_t written = AmxRoundUp(KeysNeeded(s, r, rows, tile.n), kAmxKeyAlign);
-      for (int64_t i = r; i < r + rows; ++i) {
-        std::memset(w + i * n32 + written, 0, sizeof(uint16_t) * (chunk_keys - written));
-      }
-    }
-  }
-  return true;
+  return lazy_softmax::Weights(StoredLogits{scratch.logits, n32, tile.n}, q.rows, tile.n, s,
+                               logit_scale, state);
 }
 
 // acc += P V over the keys the rows need (KeysNeeded: the rest have weight

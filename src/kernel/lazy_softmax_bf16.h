@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "kernel/avx512_common.h"
@@ -210,9 +211,12 @@ RPA_AVX512_BF16_TARGET inline void CommitRow(const LazyRow& row, float sum,
 
 // ProductKernel::weights for rows [0, rows) (at most kRowChunk) of a tile
 // of n keys: WeightsBlock over the rows' blocks, the bf16 weights at s.s
-// ([rows][RoundUp(n, 32)]), then, if none declined and every row that sees
-// a key has a finite reference, the commits. False, with no state touched:
-// the task loop's softmax takes the rows.
+// ([rows][RoundUp(n, 32)]), every row's written up to the 32-key block
+// that ends the rows' KeysNeeded (zero past each row's own keys: a block's
+// rows past the keys any of them needs are zeroed, as AMX's 16-row PV tiles
+// read them), then, if none declined and every row that sees a key has a
+// finite reference, the commits. False, with no state touched: the task
+// loop's softmax takes the rows.
 template <class Source>
 RPA_AVX512_BF16_TARGET bool Weights(const Source& source, int64_t rows, int64_t n,
                                     const TileLogits& s, float logit_scale,
@@ -224,11 +228,17 @@ RPA_AVX512_BF16_TARGET bool Weights(const Source& source, int64_t rows, int64_t 
     if (std::isnan(state.m[r])) return false;  // A poisoned row: SoftmaxRow's.
     lazy[r] = {state.m[r], _mm512_setzero_ps(), s.needed != nullptr ? s.needed[r] : n};
   }
-  const int64_t n32 = (n + 31) / 32 * 32;
+  auto round_up32 = [](int64_t keys) { return (keys + 31) / 32 * 32; };
+  const int64_t n32 = round_up32(n);
+  const int64_t all_keys = round_up32(KeysNeeded(s, 0, rows, n));
   uint16_t* w = reinterpret_cast<uint16_t*>(s.s);
   bool ok = true;
   ForEachRowBlock(rows, [&]<int kRows>(int64_t r) RPA_AVX512_BF16_TARGET {
     ok = ok && WeightsBlock<kRows>(source, r, logit_scale, w + r * n32, n32, lazy + r);
+    const int64_t written = round_up32(KeysNeeded(s, r, kRows, n));
+    for (int64_t i = r; ok && i < r + kRows; ++i) {
+      std::memset(w + i * n32 + written, 0, sizeof(uint16_t) * (all_keys - written));
+    }
   });
   if (!ok) return false;
   // A NaN logit (its weight NaN), or a row whose keys so far were all -inf:
