@@ -60,13 +60,19 @@ const ProductKernel* AmxPrefillOn(DType kv_dtype);
 
 namespace amx_prefill {
 
+// The tile products S = Q K^T of q's rows over the tile's packed K
+// (prepare_tile's) into s [RoundUp(q.rows, 16)][s_stride].
+inline AmxLogitsArgs LogitsArgs(const QueryRows& q, const KvTile& tile,
+                                const TileScratch& scratch, float* s, int64_t s_stride) {
+  return {static_cast<const uint16_t*>(q.data), q.stride, q.rows, PackedTileKeys(scratch), tile.n,
+          tile.head_dim, s, s_stride};
+}
+
 template <class Unit>
 void Logits(const QueryRows& q, const KvTile& tile, const TileLogits& s,
             const TileScratch& scratch) {
   if (q.rows <= 0 || tile.n <= 0) return;
-  Unit::Logits({static_cast<const uint16_t*>(q.data), q.stride, q.rows,
-                PackedTileKeys(scratch),  // prepare_tile's.
-                tile.n, tile.head_dim, s.s, s.stride});
+  Unit::Logits(LogitsArgs(q, tile, scratch, s.s, s.stride));
 }
 
 // AMX's logits of a row chunk as stored in TileScratch::logits ([rows][n32]
@@ -99,9 +105,7 @@ RPA_AVX512_BF16_TARGET bool Weights(const QueryRows& q, const KvTile& tile, cons
   if (q.rows > kRowChunk) return false;
   if (q.rows <= 0 || tile.n <= 0) return true;
   const int64_t n32 = AmxRoundUp(tile.n, kAmxKeyAlign);
-  Unit::Logits({static_cast<const uint16_t*>(q.data), q.stride, q.rows,
-                PackedTileKeys(scratch),  // prepare_tile's.
-                tile.n, tile.head_dim, scratch.logits, n32});
+  Unit::Logits(LogitsArgs(q, tile, scratch, scratch.logits, n32));
   return lazy_softmax::Weights(StoredLogits{scratch.logits, n32, tile.n}, q.rows, tile.n, s,
                                logit_scale, state);
 }
