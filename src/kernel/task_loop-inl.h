@@ -291,20 +291,24 @@ void LoadQueries(const TaskContext& c) {
 // Fused tiles over rows [*r0, *r0 + *left) of one kv head, in groups: each
 // kernel in order whose min_rows the group (up to its max_rows) meets gets
 // it until one takes it. Stops at the first group no kernel takes. The first
-// group prefetches the next tile.
-void FusedGroups(const TaskContext& c, KvTile tile, int64_t* r0, int64_t* left) {
+// group prefetches the next tile. The tiles go by reference: a copy of one
+// just written field by field reads it back in 64-byte loads that the
+// stores cannot forward to (docs/kernel_log.md, 2026-12-08).
+void FusedGroups(const TaskContext& c, const KvTile& tile, int64_t* r0, int64_t* left) {
   const FusedTileKernel* const* fused = c.kernels->fused;
-  const int64_t next_k = tile.k_next.count, next_v = tile.v_next.count;
+  KvTile later;  // The groups after the first: the tile without its next rows.
+  const KvTile* group_tile = &tile;
   while (*left > 0) {
-    const bool first = *left == c.rows_per_head;
-    tile.k_next.count = first ? next_k : 0;
-    tile.v_next.count = first ? next_v : 0;
+    if (*left != c.rows_per_head && group_tile == &tile) {
+      later = WithoutNextRows(tile);
+      group_tile = &later;
+    }
     int64_t taken = 0;
     for (int i = 0; i < 2 && taken == 0 && fused[i] != nullptr; ++i) {
       const int64_t group = std::min(*left, fused[i]->max_rows);
       if (group < fused[i]->min_rows) continue;
-      if (fused[i]->tile(c.Queries(fused[i]->q_format, *r0, group), tile, c.softmax.logit_scale,
-                         c.State(*r0))) {
+      if (fused[i]->tile(c.Queries(fused[i]->q_format, *r0, group), *group_tile,
+                         c.softmax.logit_scale, c.State(*r0))) {
         taken = group;
       }
     }
@@ -317,14 +321,15 @@ void FusedGroups(const TaskContext& c, KvTile tile, int64_t* r0, int64_t* left) 
 // One kv head's (h of the task's) rows over one tile: fused groups where
 // allowed, then the products and the softmax for the rows left (reading the
 // custom mask's bits when the tile is only partly kept).
-void RunHeadTile(const TaskContext& c, KvTile tile, int64_t h, int64_t t0, bool fused,
-                 TileKeep keep) {
+void RunHeadTile(const TaskContext& c, const KvTile& head_tile, int64_t h, int64_t t0,
+                 bool fused, TileKeep keep) {
   const WorkerScratch& ws = *c.ws;
   int64_t r0 = h * c.rows_per_head;
   int64_t left = c.rows_per_head;
-  if (fused) FusedGroups(c, tile, &r0, &left);
+  if (fused) FusedGroups(c, head_tile, &r0, &left);
   if (left == 0) return;
-  if (left != c.rows_per_head) tile.k_next.count = tile.v_next.count = 0;  // Prefetched.
+  // A fused group prefetched the next tile already.
+  const KvTile tile = left != c.rows_per_head ? WithoutNextRows(head_tile) : head_tile;
   const ProductKernel& products = *c.kernels->products;
   // With a vanishing mask, the keys after a row's last visible one are
   // skipped (docs/contract.md §1): most of the causal diagonal's triangle.

@@ -179,6 +179,13 @@ struct KvTile {
   KvRows k_next, v_next;  // count 0: nothing to prefetch.
 };
 
+// tile with nothing to prefetch (an earlier pass over it prefetched the next).
+inline KvTile WithoutNextRows(const KvTile& tile) {
+  KvTile without = tile;
+  without.k_next.count = without.v_next.count = 0;
+  return without;
+}
+
 // Logits, then weights, of a block of rows: [rows, stride] f32, keys
 // [0, n) valid, the rest up to RoundUp(n, lanes) written as the kernel likes.
 struct TileLogits {
