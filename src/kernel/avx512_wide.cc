@@ -298,10 +298,19 @@ bool DecodeTile(const QueryRows& q, const KvTile& tile, float logit_scale,
                                              Fp8TableOf(kDtype, /*e4m3_scaled=*/true));
 }
 
-// q row -> kF32EvenOdd.
-float PrepareEvenOdd(const float* q, int64_t /*head_dim*/, int64_t dim_pad, void* out) {
+// q row -> kF32EvenOdd: each 32 dims (dim_pad is a multiple of kDimAlign)
+// split by two permutes into the even ones, then the odd ones.
+RPA_AVX512_TARGET float PrepareEvenOdd(const float* q, int64_t /*head_dim*/, int64_t dim_pad,
+                                       void* out) {
+  static_assert(kDimAlign % 32 == 0);
   float* dst = static_cast<float*>(out);
-  for (int64_t d = 0; d < dim_pad; ++d) dst[WideQIndex(d)] = q[d];
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int64_t d = 0; d < dim_pad; d += 32) {
+    const __m512 lo = _mm512_loadu_ps(q + d), hi = _mm512_loadu_ps(q + d + 16);
+    _mm512_storeu_ps(dst + d, _mm512_permutex2var_ps(lo, even, hi));
+    _mm512_storeu_ps(dst + d + 16, _mm512_permutex2var_ps(lo, odd, hi));
+  }
   return 1.0f;
 }
 

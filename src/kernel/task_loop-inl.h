@@ -467,18 +467,28 @@ void WalkTiles(const TaskContext& c, int64_t kv_block) {
 }
 
 // The accumulators back to natural dimension order from the kernels' order
-// (a permutation within each 32-dimension chunk).
-void ToNaturalOrder(const TaskContext& c, AccOrder order) {
-  // The permutation once (AccIndex's switch, out of the loop over rows).
-  int32_t source[32];
-  for (int32_t i = 0; i < 32; ++i) source[i] = static_cast<int32_t>(AccIndex(order, i));
-  for (int64_t r = 0; r < c.rows; ++r) {
-    float* acc = c.ws->acc + r * c.ws->dim_pad;
-    for (int64_t d0 = 0; d0 < c.ws->dim_pad; d0 += 32) {
+// (a permutation within each 32-dimension chunk; constant here, so the
+// compiler turns each chunk's moves into a few permutes).
+template <AccOrder kOrder>
+void ToNaturalOrderRows(float* acc, int64_t rows, int64_t dim_pad) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t d0 = 0; d0 < dim_pad; d0 += 32) {
+      float* dst = acc + r * dim_pad + d0;
       float chunk[32];
-      std::memcpy(chunk, acc + d0, sizeof(chunk));
-      for (int64_t i = 0; i < 32; ++i) acc[d0 + i] = chunk[source[i]];
+      std::memcpy(chunk, dst, sizeof(chunk));
+#pragma GCC unroll 32
+      for (int64_t i = 0; i < 32; ++i) dst[i] = chunk[AccIndex(kOrder, i)];
     }
+  }
+}
+
+void ToNaturalOrder(const TaskContext& c, AccOrder order) {
+  switch (order) {
+    case AccOrder::kNatural: return;
+    case AccOrder::kEvenOdd:
+      return ToNaturalOrderRows<AccOrder::kEvenOdd>(c.ws->acc, c.rows, c.ws->dim_pad);
+    case AccOrder::kPairInterleaved:
+      return ToNaturalOrderRows<AccOrder::kPairInterleaved>(c.ws->acc, c.rows, c.ws->dim_pad);
   }
 }
 
@@ -535,8 +545,7 @@ HWY_NOINLINE void RunTask(const AttentionProblem& pr, const KernelTask& task,
   const TaskContext c = MakeContext(pr, task, run, ws);
   LoadQueries(c);
   WalkTiles(c, run.kv_block);
-  const AccOrder order = c.kernels->products->acc_order;
-  if (order != AccOrder::kNatural) ToNaturalOrder(c, order);
+  ToNaturalOrder(c, c.kernels->products->acc_order);
   if (task.partial_offset >= 0) {
     WritePartial(c, partials + task.partial_offset);
   } else {

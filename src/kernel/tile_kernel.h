@@ -66,7 +66,7 @@ inline int64_t QueryElemBytes(QueryFormat format) {
 
 // Where dimension d lives in a kF32EvenOdd row (and a kEvenOdd accumulator):
 // within each 32-dimension chunk, the even dimensions first, then the odd.
-inline int64_t WideQIndex(int64_t d) {
+constexpr int64_t WideQIndex(int64_t d) {
   const int64_t i = d & 31;
   return (d & ~int64_t{31}) + (i & 1) * 16 + (i >> 1);
 }
@@ -74,7 +74,7 @@ inline int64_t WideQIndex(int64_t d) {
 // Where dimension d lives in a kPairInterleaved accumulator row: within
 // each 32-dimension chunk, dims 8L + 0..3 of each 128-bit lane L first (the
 // low halves of vpunpcklwd's pairs), then dims 8L + 4..7.
-inline int64_t PairAccIndex(int64_t d) {
+constexpr int64_t PairAccIndex(int64_t d) {
   const int64_t i = d & 31;
   return (d & ~int64_t{31}) + ((i >> 2) & 1) * 16 + (i >> 3) * 4 + (i & 3);
 }
@@ -83,7 +83,7 @@ inline int64_t PairAccIndex(int64_t d) {
 enum class AccOrder : uint8_t { kNatural, kEvenOdd, kPairInterleaved };
 
 // Where dimension d lives in an accumulator row of this order.
-inline int64_t AccIndex(AccOrder order, int64_t d) {
+constexpr int64_t AccIndex(AccOrder order, int64_t d) {
   switch (order) {
     case AccOrder::kNatural: return d;
     case AccOrder::kEvenOdd: return WideQIndex(d);
