@@ -28,8 +28,8 @@
 #include <cstring>
 #include <limits>
 
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "kernel/exp_non_positive-inl.h"
 #include "kernel/highway_load-inl.h"
 #include "kernel/highway_outer_product-inl.h"
 #include "kernel/softmax_finish.h"
@@ -228,13 +228,14 @@ bool SoftmaxTile(const MlaScratch& s, int64_t rows_pad, int64_t t0, int64_t n, f
     VF sum = hn::Zero(df);
     for (int64_t i = 0; i < n; ++i) {
       float* x_at = s.st + i * rows_pad + b;
-      const VF w = hn::IfThenZeroElse(none, hn::Exp(df, hn::Sub(hn::LoadU(df, x_at), m_new)));
+      const VF w =
+          hn::IfThenZeroElse(none, ExpNonPositive(df, hn::Sub(hn::LoadU(df, x_at), m_new)));
       sum = hn::Add(sum, w);
       hn::StoreU(w, df, x_at);
     }
     const VF alpha = hn::IfThenElse(hn::Or(none, hn::Eq(m_old, neg_inf)),
                                     hn::IfThenElseZero(hn::Not(bad), hn::Set(df, 1.0f)),
-                                    hn::Exp(df, hn::Sub(m_old, m_new)));
+                                    ExpNonPositive(df, hn::Sub(m_old, m_new)));
     const VF l_old = hn::LoadU(df, s.l + b);
     hn::StoreU(hn::IfThenElse(bad, nan, hn::IfThenElse(none, m_old, m_new)), df, s.m + b);
     hn::StoreU(hn::IfThenElse(bad, nan, hn::MulAdd(l_old, alpha, sum)), df, s.l + b);
