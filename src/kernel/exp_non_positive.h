@@ -1,7 +1,8 @@
 // e^x for x <= 0, the one exp every softmax of the kernels computes (x =
 // logit - running maximum), in two implementations that share these
-// constants: Highway's (softmax-inl.h, every target) and AVX-512's
-// (avx512_common.h, the fused decode tiles).
+// constants: Highway's (exp_non_positive-inl.h, every target: the unfused
+// softmax and MLA's) and AVX-512's (avx512_common.h: the fused tiles, and
+// the Highway one on AVX-512 targets).
 //
 // Method: n = round(x log2 e); r = x - n ln2 in two steps (kLn2Hi has
 // trailing zeros, so n * kLn2Hi is exact), |r| <= ln2 / 2; e^r by its Taylor
