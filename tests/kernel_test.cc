@@ -497,6 +497,15 @@ TEST(KernelWideTest, DecodeGridMatchesReference) {
   CheckDecodeGrid(81, {DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2}, 1,
                   /*bf16_q=*/false, SlowBf16Dot(),
                   CpuFeatures{.avx512bw = true, .avx512bf16 = true});
+  // int8: the f16 tile where the CPU has AVX512-FP16 (even draws), else the
+  // widening kernels (odd: AVX-512 BW only, which hides the bf16 pairs too);
+  // decode, then the middle class (neither mask has AMX).
+  CheckDecodeGrid(90, {DType::kI8}, 1, /*bf16_q=*/false, SlowBf16Dot(),
+                  CpuFeatures{.avx512bw = true});
+  CheckDecodeGrid(91, {DType::kI8}, 1, /*bf16_q=*/true, SlowBf16Dot(),
+                  CpuFeatures{.avx512bw = true});
+  CheckDecodeGrid(92, {DType::kI8}, 4, /*bf16_q=*/false, SlowBf16Dot(),
+                  CpuFeatures{.avx512bw = true});
 }
 
 // ---- The bf16-pair kernels (avx512_bf16_decode > avx512_bf16_rows) where
@@ -691,8 +700,8 @@ TEST(KernelWideTest, Fp8InLoopsMatchesBf16Rows) {
 // 1-4 rows, every key count up to a tile, head dims with and without a
 // chunk tail, a fresh and a running state; the state of rows past `rows`
 // (and the rows' scratch past them) stays untouched. avx512_wide_decode
-// (f32 arithmetic) for bf16 and both 8-bit floats, and avx512fp16_decode
-// (f16 products and tile sums) for both where the CPU has
+// (f32 arithmetic) for bf16, f16, both 8-bit floats and int8, and
+// avx512fp16_decode (f16 products and tile sums) for the 8-bit ones where the CPU has
 // AVX512-FP16, whose logits may be off by ~2^-11 of sum_d |q_d k_d| at each
 // of ~10 roundings (tolerance 2^-8 of it) and its weighted sums likewise.
 TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
@@ -710,11 +719,11 @@ TEST(KernelWideTest, DecodeTileMatchesOnlineSoftmax) {
     Rounding rounding;
   };
   std::vector<Tile> tiles;
-  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2}) {
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}) {
     tiles.push_back({dtype, Avx512WideDecode(dtype), Rounding::kF32});
   }
   if (HasAvx512Fp16()) {
-    for (DType dtype : {DType::kF8E4M3FN, DType::kF8E5M2}) {
+    for (DType dtype : {DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8}) {
       tiles.push_back({dtype, Avx512Fp16Decode(dtype), Rounding::kHalf});
     }
   }
@@ -1032,7 +1041,6 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     EXPECT_EQ(report(DType::kBF16, prefill, false), "prefill: highway_packed");
   }
   EXPECT_EQ(report(DType::kF32, decode, false), "decode: highway_rows");
-  EXPECT_EQ(report(DType::kI8, middle, false), "middle: highway_rows");
   EXPECT_EQ(report(DType::kF16, prefill, false), "prefill: highway_packed");
   EXPECT_EQ(report(DType::kF32, middle, false), "middle: highway_rows");
   if (DetectedCpuFeatures().avx512bf16) {
@@ -1064,10 +1072,14 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     EXPECT_EQ(report(DType::kBF16, decode, false, DType::kBF16),
               "decode: avx512_wide_decode > avx512_wide");
     EXPECT_EQ(report(DType::kBF16, middle, false, DType::kBF16), "middle: avx512_wide");
-    // int8 takes the bf16 pairs where vdpbf16ps is slow too (no widening kernel takes it).
-    EXPECT_EQ(report(DType::kI8, decode, false, DType::kBF16),
-              "decode: avx512_bf16_decode > avx512_bf16_rows");
-    EXPECT_EQ(report(DType::kI8, middle, false, DType::kBF16), "middle: avx512_bf16_rows");
+    {
+      // int8 takes the bf16 pairs where vdpbf16ps is slow too, but not where
+      // AVX512-FP16 gives it the f16 tile (below).
+      ScopedCpuFeatureMask no_fp16(CpuFeatures{.avx512bw = true, .avx512bf16 = true});
+      EXPECT_EQ(report(DType::kI8, decode, false, DType::kBF16),
+                "decode: avx512_bf16_decode > avx512_bf16_rows");
+      EXPECT_EQ(report(DType::kI8, middle, false, DType::kBF16), "middle: avx512_bf16_rows");
+    }
   }
   if (DetectedCpuFeatures().avx512bf16) {
     testing::ScopedAmxEmulation emulate;
@@ -1084,7 +1096,7 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
   EXPECT_EQ(report(DType::kBF16, middle, false), "middle: avx512_wide");
   EXPECT_EQ(report(DType::kF16, decode, false), "decode: avx512_wide_decode > avx512_wide");
   EXPECT_EQ(report(DType::kF16, middle, false), "middle: avx512_wide");
-  EXPECT_EQ(report(DType::kI8, decode, false), "decode: highway_rows");
+  EXPECT_EQ(report(DType::kI8, middle, false), "middle: avx512_wide");
   EXPECT_EQ(report(DType::kF8E5M2, prefill, false), "prefill: highway_packed");
   EXPECT_EQ(report(DType::kBF16, {{1, 40}, {40, 40}}, false),
             "decode: avx512_wide_decode > avx512_wide; prefill: highway_packed");
@@ -1092,12 +1104,17 @@ TEST(KernelDispatchTest, ReportsTheTableRow) {
     ScopedCpuFeatureMask no_f16(CpuFeatures{.avx512bw = true, .avx512bf16 = true});
     EXPECT_EQ(report(DType::kF8E4M3FN, decode, false),
               "decode: avx512_wide_decode > avx512_wide");
+    EXPECT_EQ(report(DType::kI8, decode, false), "decode: avx512_wide_decode > avx512_wide");
     // More rows per kv head than a decode tile: each 8-bit tile converted once.
     EXPECT_EQ(report(DType::kF8E4M3FN, middle, false), "middle: avx512_wide_fp8_scratch");
     EXPECT_EQ(report(DType::kF8E5M2, middle, true), "middle: avx512_wide_fp8_scratch");
   }
   if (!DetectedCpuFeatures().avx512fp16) GTEST_SKIP() << "no AVX512-FP16 on this CPU";
   EXPECT_EQ(report(DType::kF8E4M3FN, decode, false),
+            "decode: avx512fp16_decode > avx512_wide_decode > avx512_wide");
+  EXPECT_EQ(report(DType::kI8, decode, false),
+            "decode: avx512fp16_decode > avx512_wide_decode > avx512_wide");
+  EXPECT_EQ(report(DType::kI8, decode, false, DType::kBF16),
             "decode: avx512fp16_decode > avx512_wide_decode > avx512_wide");
   EXPECT_EQ(report(DType::kF8E5M2, decode, true), "decode: avx512_wide");
 }

@@ -1,9 +1,10 @@
-// 8-bit float (e4m3fn, e5m2) decode tiles in f16 arithmetic (AVX512-FP16).
+// 8-bit (e4m3fn, e5m2, int8) decode tiles in f16 arithmetic (AVX512-FP16).
 //
 // Arithmetic: an e5m2 code is the high byte of its f16; an e4m3fn code's
 // bits moved into an f16 (sign to bit 15, the other 7 bits to bits 13-7)
-// are its value times 2^-8 exactly, subnormals included: 1 or 3 vector ops
-// per 32 codes. Products and the tile's sums by vfmadd231ph; the 4 x 4
+// are its value times 2^-8 exactly, subnormals included; an int8 code,
+// sign-extended to a word, converts to f16 exactly (vcvtw2ph): 1 or 3
+// vector ops per 32 codes. Products and the tile's sums by vfmadd231ph; the 4 x 4
 // logits tree on halves, then f32; softmax, m, l and the accumulator stay
 // f32 (avx512_common.h, shared with the f32 fused tile). q is stored once per
 // task in f16 (kHalf), scaled by a power of 2 so that no f16 sum can
@@ -12,8 +13,8 @@
 //
 // Shapes: 1-4 rows [rows, RoundUp(dim_pad, 64)] f16 x a tile of <= 32 keys.
 //
-// Dispatch chooses it first for 8-bit float decode (<= 8 rows per kv head,
-// no soft cap) where the CPU has AVX512-FP16; it declines (state untouched)
+// Dispatch chooses it first for 8-bit decode (<= 8 rows per kv head, no
+// soft cap) where the CPU has AVX512-FP16; it declines (state untouched)
 // tiles with a NaN or inf code, or whose largest |logit| exceeds 16, and
 // the widening fused tile takes them.
 #include "kernel/avx512_fp16_decode.h"
@@ -51,32 +52,49 @@ inline constexpr float kHalfMaxLogit = 16.0f;
 
 // The largest magnitude of a code (e4m3fn as stored here, times 2^-8), and
 // the weights' scale that keeps a tile's 32 weighted values below 65504.
-template <bool kE5m2>
-inline constexpr float kHalfCodeMax = kE5m2 ? 57344.0f : 448.0f / 256.0f;
-template <bool kE5m2>
-inline constexpr float kHalfWeightScale = kE5m2 ? 1.0f / 32 : 1.0f;
+template <DType kDtype>
+inline constexpr float kHalfCodeMax = kDtype == DType::kF8E5M2  ? 57344.0f
+                                      : kDtype == DType::kI8    ? 128.0f
+                                                                : 448.0f / 256.0f;
+template <DType kDtype>
+inline constexpr float kHalfWeightScale = kDtype == DType::kF8E5M2 ? 1.0f / 32 : 1.0f;
 
 // The non-finite codes (e4m3fn 0x7F and 0xFF would come out of CodesToHalf
 // finite) are seen at the byte level: *seen keeps each byte's maximum of
 // code | (the bits that are not the NaN/inf pattern's), 0xFF once such a
-// code went by (SawNonFiniteCode).
-template <bool kE5m2>
+// code went by (SawNonFiniteCode). Every int8 code is finite.
+template <DType kDtype>
 RPA_AVX512_TARGET __attribute__((always_inline)) inline void SeeCodes(__m512i x, __m512i* seen) {
-  const char others = static_cast<char>(kE5m2 ? 0x83 : 0x80);  // e5m2: exponent 11111.
-  *seen = _mm512_max_epu8(*seen, _mm512_or_si512(x, _mm512_set1_epi8(others)));
+  if constexpr (kDtype != DType::kI8) {
+    // e5m2: exponent 11111.
+    const char others = static_cast<char>(kDtype == DType::kF8E5M2 ? 0x83 : 0x80);
+    *seen = _mm512_max_epu8(*seen, _mm512_or_si512(x, _mm512_set1_epi8(others)));
+  }
+}
+
+// 32 int16 to f16 (vcvtw2ph; exact below 2049 in magnitude), by inline
+// assembly as HalfFma.
+RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512i WordsToHalf(__m512i x) {
+  __m512i h;
+  __asm__("vcvtw2ph %1, %0" : "=v"(h) : "v"(x));
+  return h;
 }
 
 // 64 codes as f16 bits, lane-interleaved as the byte unpacks leave them: a
 // = elements {0-7, 16-23, 32-39, 48-55}, b = {8-15, 24-31, 40-47, 56-63}
 // (QRowToHalf stores q in the same order); the codes are seen (SeeCodes).
-template <bool kE5m2>
+template <DType kDtype>
 RPA_AVX512_TARGET __attribute__((always_inline)) inline void CodesToHalf(__m512i x, __m512i* a,
                                                                       __m512i* b, __m512i* seen) {
-  SeeCodes<kE5m2>(x, seen);
+  SeeCodes<kDtype>(x, seen);
   const __m512i zero = _mm512_setzero_si512();
   *a = _mm512_unpacklo_epi8(zero, x);  // The code in a word's high byte.
   *b = _mm512_unpackhi_epi8(zero, x);
-  if constexpr (!kE5m2) {
+  if constexpr (kDtype == DType::kI8) {
+    // Sign-extended by the arithmetic shift, then converted (exact).
+    *a = WordsToHalf(_mm512_srai_epi16(*a, 8));
+    *b = WordsToHalf(_mm512_srai_epi16(*b, 8));
+  } else if constexpr (kDtype == DType::kF8E4M3FN) {
     // Arithmetic shift by 1: s s eeee mmm 0000000; then bit 14 cleared.
     const __m512i clear14 = _mm512_set1_epi16(static_cast<short>(0xBFFF));
     *a = _mm512_and_si512(_mm512_srai_epi16(*a, 1), clear14);
@@ -90,7 +108,7 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline bool SawNonFiniteCode(__
 
 // The logits of 4 rows x 4 keys (lane r * 4 + t), in f16 with the sums
 // finished in f32.
-template <bool kE5m2>
+template <DType kDtype>
 RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
     const uint16_t* const* q, const void* const* k, int64_t head_dim, __m512i* seen) {
   __m512 acc[16];
@@ -102,7 +120,7 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       __m512i a, b;
-      CodesToHalf<kE5m2>(_mm512_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(k[t]) + d), &a,
+      CodesToHalf<kDtype>(_mm512_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(k[t]) + d), &a,
                          &b, seen);
       ka[t] = _mm512_castsi512_ps(a);
       kb[t] = _mm512_castsi512_ps(b);
@@ -141,7 +159,7 @@ struct HalfPv {
   int64_t prefetch_bytes = 0;
 };
 
-template <int kChunks, bool kE5m2>
+template <int kChunks, DType kDtype>
 RPA_AVX512_TARGET __attribute__((always_inline)) inline bool HalfPvPass(const HalfPv& args,
                                                                         int64_t d0,
                                                                         bool first_pass) {
@@ -167,13 +185,13 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline bool HalfPvPass(const Ha
 #pragma GCC unroll 2
     for (int c = 0; c < kChunks; ++c) {
       __m512i a, b;
-      CodesToHalf<kE5m2>(_mm512_maskz_loadu_epi8(mask[c], row + d0 + 64 * c), &a, &b, &seen);
+      CodesToHalf<kDtype>(_mm512_maskz_loadu_epi8(mask[c], row + d0 + 64 * c), &a, &b, &seen);
       va[c] = _mm512_castsi512_ps(a);
       vb[c] = _mm512_castsi512_ps(b);
     }
     if (check_rest) {
       for (int64_t d = d0 + 64 * kChunks; d < head_dim; d += 64) {
-        SeeCodes<kE5m2>(_mm512_maskz_loadu_epi8(ChunkMask64(d, head_dim), row + d), &seen);
+        SeeCodes<kDtype>(_mm512_maskz_loadu_epi8(ChunkMask64(d, head_dim), row + d), &seen);
       }
     }
     const uint32_t* w = wh + (t >> 2) * 16 + (t & 3);
@@ -197,7 +215,7 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline bool HalfPvPass(const Ha
   // half) and {8-15, 24-31} (b's), the even dims, then the odd ones.
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 14, 12, 10, 8, 22, 20, 18, 16, 6, 4, 2, 0);
   const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 15, 13, 11, 9, 23, 21, 19, 17, 7, 5, 3, 1);
-  const __m512 unscale = _mm512_set1_ps(1.0f / kHalfWeightScale<kE5m2>);
+  const __m512 unscale = _mm512_set1_ps(1.0f / kHalfWeightScale<kDtype>);
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 keep = _mm512_set1_ps(alpha[r]);
     for (int c = 0; c < kChunks; ++c) {
@@ -226,7 +244,7 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline bool HalfPvPass(const Ha
 // with a head of codes (at most kHalfCodeMax each) sum to less than 65504,
 // and |q| < 16; returns 2^-e (1 for a zero or non-finite row: inf and NaN
 // stay and make the tile decline).
-template <bool kE5m2>
+template <DType kDtype>
 RPA_AVX512_TARGET float QRowToHalfImpl(const float* q, int64_t head_dim, uint16_t* out) {
   __m512 peak = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; d += 16) {
@@ -239,7 +257,7 @@ RPA_AVX512_TARGET float QRowToHalfImpl(const float* q, int64_t head_dim, uint16_
     // |q| < 2^limit, 2^limit <= 65504 / (dims x kHalfCodeMax), limit <= 4.
     int room = 0;
     std::frexp(65504.0f / (static_cast<float>(RoundUp(head_dim, kHalfDimAlign)) *
-                           kHalfCodeMax<kE5m2>),
+                           kHalfCodeMax<kDtype>),
                &room);
     const int limit = std::min(4, room - 1);
     int top = 0;
@@ -269,7 +287,7 @@ RPA_AVX512_TARGET float QRowToHalfImpl(const float* q, int64_t head_dim, uint16_
   return std::ldexp(1.0f, -exponent);
 }
 
-template <bool kE5m2>
+template <DType kDtype>
 RPA_AVX512_TARGET bool HalfDecodeTileImpl(const QueryRows& q_rows, const KvTile& tile,
                                           float logit_scale, const SoftmaxState& state) {
   const int64_t rows = q_rows.rows, n = tile.n, head_dim = tile.head_dim;
@@ -290,7 +308,7 @@ RPA_AVX512_TARGET bool HalfDecodeTileImpl(const QueryRows& q_rows, const KvTile&
   DecodeTileLogits(
       tile,
       [&](const void* const* k) RPA_AVX512_TARGET {
-        return _mm512_mul_ps(HalfLogitsVector<kE5m2>(q, k, head_dim, &seen), scale);
+        return _mm512_mul_ps(HalfLogitsVector<kDtype>(q, k, head_dim, &seen), scale);
       },
       w, &vmax, &nan);
   // Logits near the row's maximum carry its weight; their f16 error grows
@@ -306,7 +324,7 @@ RPA_AVX512_TARGET bool HalfDecodeTileImpl(const QueryRows& q_rows, const KvTile&
   alignas(64) uint32_t wh[kFusedMaxKeys / 4 * 16];
   for (int64_t b = 0; 4 * b < n; ++b) {
     const __m512 p = _mm512_mul_ps(_mm512_load_ps(w + 16 * b),
-                                   _mm512_set1_ps(kHalfWeightScale<kE5m2>));
+                                   _mm512_set1_ps(kHalfWeightScale<kDtype>));
     const __m512i h =
         _mm512_cvtepu16_epi32(_mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     _mm512_store_si512(wh + 16 * b, _mm512_or_si512(h, _mm512_slli_epi32(h, 16)));
@@ -324,33 +342,32 @@ RPA_AVX512_TARGET bool HalfDecodeTileImpl(const QueryRows& q_rows, const KvTile&
   pv.prefetch_bytes = tile.row_bytes;
   int64_t d = 0;
   for (; d + 64 < head_dim; d += 128) {
-    if (!HalfPvPass<2, kE5m2>(pv, d, d == 0)) return false;
+    if (!HalfPvPass<2, kDtype>(pv, d, d == 0)) return false;
   }
-  if (d < head_dim && !HalfPvPass<1, kE5m2>(pv, d, d == 0)) return false;
+  if (d < head_dim && !HalfPvPass<1, kDtype>(pv, d, d == 0)) return false;
   next.Commit(rows, state.m, state.l);
   return true;
 }
 
-template <bool kE5m2>
+template <DType kDtype>
 float PrepareHalf(const float* q, int64_t head_dim, int64_t /*dim_pad*/, void* out) {
-  return QRowToHalfImpl<kE5m2>(q, head_dim, static_cast<uint16_t*>(out));
+  return QRowToHalfImpl<kDtype>(q, head_dim, static_cast<uint16_t*>(out));
 }
 
-// The instance for e4m3fn (kE5m2 false) or e5m2 K/V.
-template <bool kE5m2>
+// The instance for e4m3fn, e5m2 or int8 K/V.
+template <DType kDtype>
 constexpr FusedTileKernel kHalfDecode = {
-    "avx512fp16_decode", QueryFormat::kHalf, PrepareHalf<kE5m2>, AccOrder::kEvenOdd,
+    "avx512fp16_decode", QueryFormat::kHalf, PrepareHalf<kDtype>, AccOrder::kEvenOdd,
     /*e4m3_scaled=*/true,
     // Cheaper than the unfused products for any group, even computing 4 rows.
-    /*min_rows=*/1, /*max_rows=*/4, HalfDecodeTileImpl<kE5m2>};
+    /*min_rows=*/1, /*max_rows=*/4, HalfDecodeTileImpl<kDtype>};
 
 }  // namespace
 }  // namespace avx512
 
 const FusedTileKernel* Avx512Fp16Decode(DType kv_dtype) {
-  return KernelForKvDtype<FusedTileKernel, DType::kF8E4M3FN, DType::kF8E5M2>(
-      kv_dtype,
-      []<DType kDtype>() { return &avx512::kHalfDecode<kDtype == DType::kF8E5M2>; });
+  return KernelForKvDtype<FusedTileKernel, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8>(
+      kv_dtype, []<DType kDtype>() { return &avx512::kHalfDecode<kDtype>; });
 }
 
 }  // namespace rpa::internal

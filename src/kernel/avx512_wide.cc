@@ -1,5 +1,6 @@
-// The AVX-512 widening kernels: bf16, f16 and 8-bit float (e4m3fn, e5m2)
-// K/V widened to f32 in registers, products by f32 FMA (AVX-512 F/BW/VL).
+// The AVX-512 widening kernels: bf16, f16, 8-bit float (e4m3fn, e5m2) and
+// int8 K/V widened to f32 in registers, products by f32 FMA (AVX-512
+// F/BW/VL).
 //
 // Arithmetic: a 32-bit lane of 32 loaded bf16 holds elements 2i (low half)
 // and 2i + 1 (high half); a shift and a mask turn them into two f32 vectors,
@@ -9,13 +10,14 @@
 // which the task loop undoes once per task. 8-bit floats become bf16 by two
 // vpermi2w table lookups per 32 codes (exact; e4m3fn as value * 2^-8); f16
 // is gathered into its even and odd halves by one vpermw and widened by
-// vcvtph2ps (exact).
+// vcvtph2ps (exact); int8 is sign-extended to words, whose halves become
+// the even and odd elements by two shifts (exact).
 //
 // Shapes: logits of blocks of 4 rows x 4 keys (2 x 8, 1 x 16 for fewer rows,
 // so 1-2 q heads per kv head still fill 16 accumulators) reduced by one
 // transpose-and-add tree; PV over 4 rows x 64 dims per pass.
 //
-// Dispatch chooses it for bf16, f16 and 8-bit float K/V with fewer than
+// Dispatch chooses it for bf16, f16, 8-bit float and int8 K/V with fewer than
 // kPackedMinRows rows per kv head where the CPU has AVX-512 BW (vdpbf16ps
 // issues at half the FMA rate on the CPUs measured, docs/kernel.md), and
 // its fused tile (kAvx512WideDecode) for decode tiles of 3-8 rows.
@@ -51,6 +53,7 @@ enum class Code : uint8_t {
   kBf16,  // bf16: each 32-bit lane's halves are the even and odd element.
   kFp8,   // e4m3fn or e5m2: a table lookup to bf16 first (Fp8ToBf16).
   kF16,   // f16: even and odd halves gathered by one vpermw, then vcvtph2ps.
+  kI8,    // int8: sign-extended to words, each 32-bit lane's halves shifted out.
 };
 
 RPA_AVX512_TARGET __attribute__((always_inline)) inline void Widen(__m512i raw, __m512* even,
@@ -72,6 +75,11 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline void LoadWide(const void
     const __m512i x = _mm512_cvtepu8_epi16(
         _mm256_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(row) + d));
     Widen(Fp8ToBf16(x, lut), even, odd);
+  } else if constexpr (kCode == Code::kI8) {
+    const __m512i x = _mm512_cvtepi8_epi16(
+        _mm256_maskz_loadu_epi8(mask, static_cast<const int8_t*>(row) + d));
+    *even = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(x, 16), 16));
+    *odd = _mm512_cvtepi32_ps(_mm512_srai_epi32(x, 16));
   } else if constexpr (kCode == Code::kF16) {
     const __m512i x = _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + d);
     // Word 2i of the chunk to word i, word 2i + 1 to word 16 + i.
@@ -230,6 +238,7 @@ void WidePvAllRows(const WidePvPass& a, int64_t rows, const Fp8Table* table) {
 template <DType kDtype>
 constexpr Code kCodeOf = kDtype == DType::kBF16  ? Code::kBf16
                          : kDtype == DType::kF16 ? Code::kF16
+                         : kDtype == DType::kI8  ? Code::kI8
                                                  : Code::kFp8;
 enum class Fp8Source : uint8_t { kInLoops, kThroughScratch };
 
@@ -346,8 +355,8 @@ KvRows Fp8RowsToBf16(DType dtype, const KvRows& rows, int64_t n, int64_t head_di
 
 const ProductKernel* Avx512Wide(DType kv_dtype) {
   return KernelForKvDtype<ProductKernel, DType::kBF16, DType::kF16, DType::kF8E4M3FN,
-                          DType::kF8E5M2>(kv_dtype,
-                                          []<DType kDtype>() { return &avx512::kWide<kDtype>; });
+                          DType::kF8E5M2, DType::kI8>(
+      kv_dtype, []<DType kDtype>() { return &avx512::kWide<kDtype>; });
 }
 
 const ProductKernel* Avx512WideFp8Scratch(DType kv_dtype) {
@@ -357,7 +366,7 @@ const ProductKernel* Avx512WideFp8Scratch(DType kv_dtype) {
 
 const FusedTileKernel* Avx512WideDecode(DType kv_dtype) {
   return KernelForKvDtype<FusedTileKernel, DType::kBF16, DType::kF16, DType::kF8E4M3FN,
-                          DType::kF8E5M2>(
+                          DType::kF8E5M2, DType::kI8>(
       kv_dtype, []<DType kDtype>() { return &avx512::kWideDecode<kDtype>; });
 }
 

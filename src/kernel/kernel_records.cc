@@ -25,8 +25,10 @@ constexpr uint32_t kBf16Q = DTypeBits({DType::kBF16});
 constexpr uint32_t kBf16ExactKv =
     DTypeBits({DType::kBF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8});
 constexpr uint32_t kFp8 = DTypeBits({DType::kF8E4M3FN, DType::kF8E5M2});
+// The 8-bit K/V whose codes are exact in f16 (avx512fp16_decode).
+constexpr uint32_t kEightBitKv = DTypeBits({DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8});
 constexpr uint32_t kWideKv =
-    DTypeBits({DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2});
+    DTypeBits({DType::kBF16, DType::kF16, DType::kF8E4M3FN, DType::kF8E5M2, DType::kI8});
 constexpr uint8_t kRowClasses = ClassBits({kDecode, kMiddle});
 constexpr uint8_t kPrefillClass = ClassBits({kPrefill});
 constexpr uint8_t kDecodeClass = ClassBits({kDecode});
@@ -38,11 +40,11 @@ bool HasAvx512Fp16(const CpuFeatures& f, DType) { return f.avx512fp16; }
 bool HasFastBf16Dot(const CpuFeatures& f, DType) { return f.fast_bf16_dot; }
 
 // Where the bf16-pair decode and middle kernels pay: where vdpbf16ps issues
-// at the FMA's rate, and for int8 K/V wherever AVX-512 BF16 is (no
-// widening kernel takes int8, and the pairs beat highway_rows where
-// vdpbf16ps is slow: docs/kernel.md, Dispatch).
+// at the FMA's rate, and for int8 K/V wherever AVX-512 BF16 is but not
+// AVX512-FP16 (there int8 decode takes the f16 tile, avx512fp16_decode,
+// and the widening kernels behind it: docs/kernel.md, Dispatch).
 bool Bf16PairRowsPay(const CpuFeatures& f, DType kv_dtype) {
-  return f.fast_bf16_dot || (kv_dtype == DType::kI8 && f.avx512bf16);
+  return f.fast_bf16_dot || (kv_dtype == DType::kI8 && f.avx512bf16 && !f.avx512fp16);
 }
 #endif
 
@@ -100,7 +102,7 @@ KernelRecord g_records[] = {
      {kBf16Q, kBf16ExactKv, kDecodeClass, false, Bf16PairRowsPay},
      nullptr, Avx512Bf16Decode},
     {"avx512fp16_decode", "avx512_fp16_decode.cc",
-     {kAnyDType, kFp8, kDecodeClass, false, HasAvx512Fp16},
+     {kAnyDType, kEightBitKv, kDecodeClass, false, HasAvx512Fp16},
      nullptr, Avx512Fp16Decode},
     {"avx512_wide_decode", "avx512_wide.cc",
      {kAnyDType, kWideKv, kDecodeClass, false, HasAvx512Bw},
