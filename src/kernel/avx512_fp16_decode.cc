@@ -3,9 +3,9 @@
 // Arithmetic: an e5m2 code is the high byte of its f16; an e4m3fn code's
 // bits moved into an f16 (sign to bit 15, the other 7 bits to bits 13-7)
 // are its value times 2^-8 exactly, subnormals included; an int8 code,
-// sign-extended to a word, converts to f16 exactly (vcvtw2ph): 1 or 3
-// vector ops per 32 codes. Products and the tile's sums by vfmadd231ph; the 4 x 4
-// logits tree on halves, then f32; softmax, m, l and the accumulator stay
+// sign-extended to a word, converts to f16 exactly (vcvtw2ph): 1 to 3
+// vector ops per 32 codes. Products and the tile's sums by vfmadd231ph; the
+// 4 x 4 logits tree on halves, then f32; softmax, m, l and the accumulator stay
 // f32 (avx512_common.h, shared with the f32 fused tile). q is stored once per
 // task in f16 (kHalf), scaled by a power of 2 so that no f16 sum can
 // overflow. Error: logits ~4e-4 of their magnitude, outputs ~1e-3 of |V|
@@ -121,7 +121,7 @@ RPA_AVX512_TARGET __attribute__((always_inline)) inline __m512 HalfLogitsVector(
     for (int t = 0; t < 4; ++t) {
       __m512i a, b;
       CodesToHalf<kDtype>(_mm512_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(k[t]) + d), &a,
-                         &b, seen);
+                          &b, seen);
       ka[t] = _mm512_castsi512_ps(a);
       kb[t] = _mm512_castsi512_ps(b);
     }
