@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "hwy/highway.h"
 #include "kernel/highway_load-inl.h"
@@ -296,18 +297,15 @@ void LoadQueries(const TaskContext& c) {
 // stores cannot forward to (docs/kernel_log.md, 2026-12-08).
 void FusedGroups(const TaskContext& c, const KvTile& tile, int64_t* r0, int64_t* left) {
   const FusedTileKernel* const* fused = c.kernels->fused;
-  KvTile later;  // The groups after the first: the tile without its next rows.
-  const KvTile* group_tile = &tile;
+  std::optional<KvTile> later;  // The groups after the first: no next rows.
   while (*left > 0) {
-    if (*left != c.rows_per_head && group_tile == &tile) {
-      later = WithoutNextRows(tile);
-      group_tile = &later;
-    }
+    if (*left != c.rows_per_head && !later) later = WithoutNextRows(tile);
+    const KvTile& group_tile = later ? *later : tile;
     int64_t taken = 0;
     for (int i = 0; i < 2 && taken == 0 && fused[i] != nullptr; ++i) {
       const int64_t group = std::min(*left, fused[i]->max_rows);
       if (group < fused[i]->min_rows) continue;
-      if (fused[i]->tile(c.Queries(fused[i]->q_format, *r0, group), *group_tile,
+      if (fused[i]->tile(c.Queries(fused[i]->q_format, *r0, group), group_tile,
                          c.softmax.logit_scale, c.State(*r0))) {
         taken = group;
       }
@@ -328,8 +326,11 @@ void RunHeadTile(const TaskContext& c, const KvTile& head_tile, int64_t h, int64
   int64_t left = c.rows_per_head;
   if (fused) FusedGroups(c, head_tile, &r0, &left);
   if (left == 0) return;
-  // A fused group prefetched the next tile already.
-  const KvTile tile = left != c.rows_per_head ? WithoutNextRows(head_tile) : head_tile;
+  // A fused group prefetched the next tile already; else the tile as it is
+  // (not copied: see FusedGroups).
+  std::optional<KvTile> without_next;
+  if (left != c.rows_per_head) without_next = WithoutNextRows(head_tile);
+  const KvTile& tile = without_next ? *without_next : head_tile;
   const ProductKernel& products = *c.kernels->products;
   // With a vanishing mask, the keys after a row's last visible one are
   // skipped (docs/contract.md §1): most of the causal diagonal's triangle.
