@@ -51,8 +51,8 @@ inline __mmask64 ChunkMask64(int64_t d, int64_t head_dim) {
 inline constexpr float kHalfMaxLogit = 16.0f;
 
 // The largest magnitude of a code (e4m3fn as stored here, times 2^-8; int8
-// -128), and
-// the weights' scale that keeps a tile's 32 weighted values below 65504.
+// -128), and the weights' scale that keeps a tile's 32 weighted values below
+// 65504.
 template <DType kDtype>
 inline constexpr float kHalfCodeMax = kDtype == DType::kF8E5M2  ? 57344.0f
                                       : kDtype == DType::kI8    ? 128.0f
